@@ -1,0 +1,59 @@
+"""fleetclaims: a claims registry for processes that share one machine and no server.
+
+    from fleetclaims import Registry
+    reg = Registry()
+    c = reg.claim("issue-42", owner="agent-a", ttl=600)
+    reg.complete("issue-42", token=c.token)
+"""
+
+from .api import Lease, OwnerStats, Registry, Stats
+from .core.model import Claim, Identity, Now, Verdict
+from .core.rules import SweepItem, SweepReport
+from .errors import (
+    AuditCorrupt,
+    ClaimConflict,
+    ClaimSuperseded,
+    DurabilityError,
+    FleetclaimsError,
+    LeaseExpired,
+    NotHolder,
+    RegistryBusy,
+    RegistryCorrupt,
+    StoreUnavailable,
+    TaskCompleted,
+    UnsafeRegistry,
+    ValidationError,
+)
+from .store.base import Event, EventPage, VerifyReport
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuditCorrupt",
+    "Claim",
+    "ClaimConflict",
+    "ClaimSuperseded",
+    "DurabilityError",
+    "Event",
+    "EventPage",
+    "FleetclaimsError",
+    "Identity",
+    "Lease",
+    "LeaseExpired",
+    "NotHolder",
+    "Now",
+    "OwnerStats",
+    "Registry",
+    "RegistryBusy",
+    "RegistryCorrupt",
+    "Stats",
+    "StoreUnavailable",
+    "SweepItem",
+    "SweepReport",
+    "TaskCompleted",
+    "UnsafeRegistry",
+    "ValidationError",
+    "Verdict",
+    "VerifyReport",
+    "__version__",
+]

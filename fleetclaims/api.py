@@ -1,0 +1,511 @@
+"""The public facade: ``Registry`` and the ``Lease`` that ``Registry.hold`` returns."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal
+
+from .core import rules, validate
+from .core.chain import token_hash
+from .core.errors import (
+    FleetclaimsError,
+    NotHolder,
+    RegistryBusy,
+    StoreUnavailable,
+    ValidationError,
+)
+from .core.model import ACTIVE, COMPLETED, EXPIRED, UNKNOWN_VERDICT, Claim, Now, State, Verdict
+from .core.rules import Decision, Grant, SweepReport
+from .store.base import Event, EventPage, Store, VerifyReport
+from .system import Clock, Prober, SystemClock, SystemProber
+
+Durability = Literal["full", "process"]
+
+
+@dataclass(frozen=True)
+class OwnerStats:
+    active: int = 0
+    expired: int = 0
+    completed: int = 0
+
+
+@dataclass(frozen=True)
+class Stats:
+    active: int
+    expired: int
+    completed: int
+    released: int
+    seq: int
+    fence: int
+    per_owner: dict[str, OwnerStats] = field(default_factory=dict)
+
+
+class Registry:
+    """A claims registry. ``path`` is a directory (the embedded file store) or a
+    ``postgresql://`` URL; None picks the default location (see ``fleetclaims.location``).
+
+    ``durability="full"`` (default) makes every acknowledged change survive power loss;
+    ``"process"`` skips fsync: changes survive a crash of any process, not of the machine.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        durability: Durability = "full",
+        lock_timeout: float | None = None,
+        clock: Clock | None = None,
+        prober: Prober | None = None,
+        allow_unsafe_fs: bool | None = None,
+        store: Store | None = None,
+        schema: str | None = None,
+    ) -> None:
+        from .location import is_url, resolve
+
+        if durability not in ("full", "process"):
+            raise ValidationError("durability", "must be 'full' or 'process'", value=durability)
+        self.clock: Clock = clock or SystemClock()
+        self.prober: Prober = prober or SystemProber()
+        if lock_timeout is None:
+            lock_timeout = float(os.environ.get("FLEETCLAIMS_LOCK_TIMEOUT", "10"))
+        if allow_unsafe_fs is None:
+            allow_unsafe_fs = os.environ.get("FLEETCLAIMS_ALLOW_UNSAFE_FS", "") not in ("", "0")
+        if store is not None:
+            self.store = store
+        else:
+            location = resolve(path)
+            if is_url(location):
+                from .store.postgres import PostgresStore
+
+                self.store = PostgresStore(
+                    location, clock=self.clock, durability=durability,
+                    lock_timeout=lock_timeout, schema=schema,
+                )
+            else:
+                from .store.file import FileStore
+
+                self.store = FileStore(
+                    location, clock=self.clock, durability=durability,
+                    lock_timeout=lock_timeout, allow_unsafe_fs=allow_unsafe_fs,
+                )
+        self.location = self.store.location
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _run(self, decide: Callable[[State, Now], Decision]) -> tuple[Decision, State]:
+        decision, state = self.store.transact(decide)
+        if decision.error is not None:
+            raise decision.error
+        return decision, state
+
+    def _verdict(self, claim: Claim | None) -> Verdict:
+        if claim is None or not claim.live:
+            return UNKNOWN_VERDICT
+        return self.prober.verdict(claim.identity)
+
+    def _grant(
+        self,
+        owner: str,
+        token: str | None,
+        ttl: float | None,
+        *,
+        priority: int = 100,
+        note: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        with_identity: bool = True,
+        allow_parked: bool = False,
+    ) -> tuple[str, Grant]:
+        raw = secrets.token_urlsafe(24) if token is None else validate.token(token)
+        grant = Grant(
+            owner=validate.owner(owner),
+            token_hash=token_hash(raw),
+            ttl=validate.ttl(ttl, allow_none=allow_parked),
+            priority=validate.priority(priority),
+            note=validate.text("note", note),
+            metadata=validate.json_value("metadata", metadata, mapping=True),
+            identity=self.prober.identity() if with_identity else None,
+        )
+        return raw, grant
+
+    @staticmethod
+    def _token(token: str | None) -> str:
+        if token is None:
+            raise ValidationError("token", "is required (the token returned by claim)")
+        return token_hash(validate.token(token))
+
+    # --- operations --------------------------------------------------------------------------
+
+    def claim(
+        self,
+        task: str,
+        *,
+        owner: str,
+        ttl: float = validate.DEFAULT_TTL,
+        note: str | None = None,
+        priority: int = 100,
+        metadata: dict[str, Any] | None = None,
+        token: str | None = None,
+        take_stale: bool = False,
+        preempt: bool = False,
+    ) -> Claim:
+        """Claim ``task`` for ``owner`` for ``ttl`` seconds. Raises ClaimConflict when anyone
+        holds it live, TaskCompleted when it is done. The returned claim carries the token."""
+        task = validate.task(task)
+        raw, grant = self._grant(owner, token, ttl, priority=priority, note=note,
+                                 metadata=metadata)
+
+        def decide(state: State, now: Now) -> Decision:
+            current = state.claims.get(task)
+            verdict = UNKNOWN_VERDICT
+            if current is not None and current.live and current.token_hash != grant.token_hash:
+                verdict = self._verdict(current)
+            return rules.decide_claim(state, task, grant, now, verdict,
+                                      take_stale=take_stale, preempt=preempt)
+
+        _, state = self._run(decide)
+        return self._mine(state, task, raw)
+
+    def _mine(self, state: State, task: str, raw: str) -> Claim:
+        claim = state.claims.get(task)
+        assert claim is not None
+        return claim.with_token(raw)
+
+    def renew(self, task: str, *, token: str, ttl: float | None = None) -> Claim:
+        """Extend the lease by ``ttl`` (default: the claim's ttl) from now."""
+        task, th = validate.task(task), self._token(token)
+        ttl = validate.ttl(ttl, allow_none=True)
+        _, state = self._run(lambda s, now: rules.decide_renew(s, task, th, ttl, now))
+        return self._mine(state, task, token)
+
+    def release(
+        self,
+        task: str,
+        *,
+        token: str | None = None,
+        force: bool = False,
+        reason: str | None = None,
+        actor: str = "operator",
+    ) -> bool:
+        """Give the task up. True when a live claim was released; False when there was nothing
+        live to release. ``force=True`` releases whoever holds it and records ``reason``."""
+        task = validate.task(task)
+        if force:
+            why = validate.text("reason", reason, validate.REASON_MAX)
+            if not why:
+                raise ValidationError("reason", "is required with force=True")
+            who = validate.owner(actor, "actor")
+            decision, _ = self._run(lambda s, now: rules.decide_force_release(s, task, who, why))
+            return bool(decision.result)
+        th = self._token(token)
+        decision, _ = self._run(lambda s, now: rules.decide_release(s, task, th, now))
+        return bool(decision.result)
+
+    def complete(self, task: str, *, token: str, result: Any = None) -> Claim:
+        """Mark the task done. Refused (LeaseExpired) once the lease has run out."""
+        task, th = validate.task(task), self._token(token)
+        result = validate.json_value("result", result)
+        _, state = self._run(lambda s, now: rules.decide_complete(s, task, th, result, now))
+        return self._mine(state, task, token)
+
+    def recover(
+        self,
+        task: str,
+        *,
+        owner: str,
+        reason: str,
+        ttl: float = validate.DEFAULT_TTL,
+        note: str | None = None,
+        priority: int = 100,
+    ) -> Claim:
+        """Take over a stale claim (expired lease or owner proven dead); recorded with the
+        previous owner, fence and reason. A live owner is never robbed (ClaimConflict)."""
+        task = validate.task(task)
+        why = validate.text("reason", reason, validate.REASON_MAX) or ""
+        if not why:
+            raise ValidationError("reason", "is required: say why you take the task over")
+        raw, grant = self._grant(owner, None, ttl, priority=priority, note=note)
+
+        def decide(state: State, now: Now) -> Decision:
+            return rules.decide_recover(
+                state, task, grant, why, now, self._verdict(state.claims.get(task))
+            )
+
+        _, state = self._run(decide)
+        return self._mine(state, task, raw)
+
+    def transition(
+        self, task: str, *, token: str, phase: str, ttl: float | None = None
+    ) -> Claim:
+        """Move the claim to another phase (e.g. ``review``). ``ttl=None`` parks it: no expiry."""
+        task, th, ph = validate.task(task), self._token(token), validate.phase(phase)
+        ttl = validate.ttl(ttl, allow_none=True)
+        _, state = self._run(lambda s, now: rules.decide_transition(s, task, th, ph, ttl, now))
+        return self._mine(state, task, token)
+
+    def handoff(
+        self,
+        task: str,
+        *,
+        token: str,
+        to_owner: str,
+        note: str | None = None,
+        ttl: float | None = None,
+    ) -> Claim:
+        """Give the claim to ``to_owner`` with a new token and fence (returned on the claim)."""
+        task, th = validate.task(task), self._token(token)
+        raw, grant = self._grant(to_owner, None, ttl, note=note, with_identity=False,
+                                 allow_parked=True)
+        _, state = self._run(lambda s, now: rules.decide_handoff(s, task, th, grant, now))
+        return self._mine(state, task, raw)
+
+    def reopen(self, task: str, *, reason: str, actor: str = "operator") -> Claim | None:
+        """Make a completed task claimable again. None when it was not completed."""
+        task = validate.task(task)
+        why = validate.text("reason", reason, validate.REASON_MAX) or ""
+        if not why:
+            raise ValidationError("reason", "is required")
+        who = validate.owner(actor, "actor")
+        decision, state = self._run(lambda s, now: rules.decide_reopen(s, task, who, why))
+        return state.claims.get(task) if decision.result else None
+
+    def sweep(self, *, dry_run: bool = False, actor: str = "sweeper") -> SweepReport:
+        """Record ``lease_expired`` for every claim whose lease ran out or whose owner is dead."""
+        who = validate.owner(actor, "actor")
+
+        def decide(state: State, now: Now) -> Decision:
+            return rules.decide_sweep(state, now, lambda c: self._verdict(c), who)
+
+        if dry_run:
+            decision = decide(self.store.read(), self.clock.now())
+        else:
+            decision, _ = self._run(decide)
+        assert isinstance(decision.result, SweepReport)
+        return decision.result
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def get(self, task: str) -> Claim | None:
+        """The latest record of ``task`` (any state), or None if it was never claimed."""
+        return self.store.read().claims.get(validate.task(task))
+
+    def claims(
+        self,
+        owner: str | None = None,
+        include_expired: bool = False,
+        include_completed: bool = False,
+        include_released: bool = False,
+    ) -> list[Claim]:
+        """Claims sorted by task: live ones, plus expired/completed/released when asked."""
+        if owner is not None:
+            owner = validate.owner(owner)
+        state = self.store.read()
+        now = self.clock.now()
+        found = []
+        for claim in state.claims.values():
+            if owner is not None and claim.owner != owner:
+                continue
+            if (claim.state == ACTIVE and not rules.lease_expired(claim, now)) or (claim.live and include_expired) or (claim.state == COMPLETED and include_completed) or (claim.state == "released" and include_released):
+                found.append(claim)
+        return found
+
+    def is_stale(self, claim: Claim) -> str | None:
+        """Why ``claim`` may be taken over now, or None."""
+        return rules.stale_reason(claim, self.clock.now(), self._verdict(claim))
+
+    def verdict(self, claim: Claim) -> Verdict:
+        """The liveness verdict of the claim's owner process."""
+        return self.prober.verdict(claim.identity)
+
+    def stats(self) -> Stats:
+        state = self.store.read()
+        now = self.clock.now()
+        counts = {"active": 0, "expired": 0, "completed": 0, "released": 0}
+        owners: dict[str, dict[str, int]] = {}
+        for claim in state.claims.values():
+            if claim.state == ACTIVE and not rules.lease_expired(claim, now):
+                kind = "active"
+            elif claim.state in (ACTIVE, EXPIRED):
+                kind = "expired"
+            else:
+                kind = claim.state
+            counts[kind] += 1
+            if kind != "released":
+                per = owners.setdefault(claim.owner, {"active": 0, "expired": 0, "completed": 0})
+                per[kind] += 1
+        return Stats(
+            active=counts["active"], expired=counts["expired"], completed=counts["completed"],
+            released=counts["released"], seq=state.seq, fence=state.fence,
+            per_owner={o: OwnerStats(**c) for o, c in sorted(owners.items())},
+        )
+
+    def events(
+        self,
+        after: int = 0,
+        limit: int = 100,
+        types: Iterable[str] | None = None,
+        task: str | None = None,
+        owner: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> EventPage:
+        """A page of committed events with seq > ``after`` matching the filters, oldest first.
+        Pass ``page.next_cursor`` as ``after`` for the next page."""
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise ValidationError("after", "must be a non-negative integer", value=after)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
+            raise ValidationError("limit", "must be an integer from 1 to 100000", value=limit)
+        wanted = None if types is None else frozenset(types)
+        if task is not None:
+            task = validate.task(task)
+        if owner is not None:
+            owner = validate.owner(owner)
+        out: list[Event] = []
+        cursor = after
+        more = False
+        for data in self.store.iter_events(after):
+            if len(out) >= limit:
+                more = True
+                break
+            cursor = int(data["seq"])
+            if wanted is not None and data.get("type") not in wanted:
+                continue
+            if task is not None and data.get("task") != task:
+                continue
+            if owner is not None and owner not in (data.get("owner"), data.get("actor"),
+                                                   data.get("prev_owner"), data.get("holder")):
+                continue
+            ts = data.get("ts", 0.0)
+            if (since is not None and ts < since) or (until is not None and ts > until):
+                continue
+            out.append(Event.from_dict(data))
+        return EventPage(out, cursor, more)
+
+    def verify(self) -> VerifyReport:
+        return self.store.verify()
+
+    def hold(
+        self,
+        task: str,
+        *,
+        owner: str,
+        ttl: float = 60.0,
+        note: str | None = None,
+        priority: int = 100,
+        metadata: dict[str, Any] | None = None,
+        take_stale: bool = False,
+    ) -> Lease:
+        """Claim ``task`` and keep renewing it in a background thread; use with ``with``."""
+        claim = self.claim(task, owner=owner, ttl=ttl, note=note, priority=priority,
+                           metadata=metadata, take_stale=take_stale)
+        return Lease(self, claim)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Lease:
+    """A held claim renewed at a third of its TTL by a daemon thread.
+
+    ``lost`` is set when renewal fails for good; ``lost_reason`` says why (never hidden). On leaving
+    the ``with`` block the claim is released unless ``complete()`` was called or it was lost.
+    """
+
+    def __init__(self, registry: Registry, claim: Claim) -> None:
+        self.registry = registry
+        self.claim = claim
+        self.task = claim.task
+        self.fence = claim.fence
+        assert claim.token is not None
+        self.token: str = claim.token
+        self.lost = threading.Event()
+        self.lost_reason: FleetclaimsError | None = None
+        self._stop = threading.Event()
+        self._done = False
+        self._mutex = threading.Lock()
+        self._thread = threading.Thread(
+            target=self._heartbeat, name=f"fleetclaims-lease-{claim.task}", daemon=True
+        )
+        self._thread.start()
+
+    def _interval(self) -> float:
+        ttl = self.claim.ttl
+        return 5.0 if ttl is None else max(ttl / 3.0, 0.05)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self._interval()):
+            self._beat()
+            if self.lost.is_set():
+                return
+
+    def _beat(self) -> None:
+        with self._mutex:
+            if self._done or self.lost.is_set():
+                return
+            try:
+                self.claim = self.registry.renew(self.task, token=self.token)
+            except (RegistryBusy, StoreUnavailable):
+                # Transient: the next beat retries. If the lease runs out meanwhile, the next
+                # renew raises LeaseExpired, which is final.
+                return
+            except FleetclaimsError as exc:
+                self.lost_reason = exc
+                self.lost.set()
+
+    def renew(self) -> Claim:
+        with self._mutex:
+            self.claim = self.registry.renew(self.task, token=self.token)
+            return self.claim
+
+    def check(self) -> None:
+        """Raise the reason the lease was lost, if it was."""
+        if self.lost_reason is not None:
+            raise self.lost_reason
+
+    def complete(self, result: Any = None) -> Claim:
+        with self._mutex:
+            self.check()
+            self.claim = self.registry.complete(self.task, token=self.token, result=result)
+            self._done = True
+        self._stop.set()
+        return self.claim
+
+    def release(self) -> bool:
+        with self._mutex:
+            if self._done:
+                return False
+            self._done = True
+            self._stop.set()
+            try:
+                return self.registry.release(self.task, token=self.token)
+            except NotHolder:
+                return False
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self.stop()
+        if not self._done and not self.lost.is_set():
+            self.release()

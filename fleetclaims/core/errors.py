@@ -1,0 +1,316 @@
+"""Every error fleetclaims raises, in one module to avoid import loops.
+
+Each exception carries the data a caller needs (task, holder, fence, seq, offset ...) as
+attributes, a message that says what happened and what to do next, and the CLI exit code it maps
+to, so the command line and the library can never disagree about what an error means.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+# Stable exit codes of the command line (DESIGN.md, "Interfaces").
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_CONFLICT = 3
+EXIT_NOT_HOLDER = 4
+EXIT_DAMAGED = 5
+
+
+class FleetclaimsError(Exception):
+    """Base class of every error fleetclaims raises on purpose."""
+
+    exit_code: ClassVar[int] = EXIT_ERROR
+    #: a short machine-readable name, stable across releases (used by ``--json`` output)
+    code: ClassVar[str] = "error"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(message if hint is None else f"{message} {hint}")
+
+    def to_dict(self) -> dict[str, object]:
+        """The error as plain data (for ``--json`` output and logs); never contains a token."""
+        data: dict[str, object] = {"error": self.code, "message": str(self)}
+        for key, value in vars(self).items():
+            if key in ("message", "hint") or key.startswith("_"):
+                continue
+            if isinstance(value, (str, int, float, bool)) or value is None:
+                data[key] = value
+            elif isinstance(value, (list, tuple)):
+                data[key] = [v if isinstance(v, (str, int, float, bool)) else str(v) for v in value]
+        return data
+
+
+class ValidationError(FleetclaimsError, ValueError):
+    """An argument is malformed; nothing was written."""
+
+    exit_code = EXIT_USAGE
+    code = "invalid"
+
+    def __init__(self, field: str, reason: str, *, value: object = None) -> None:
+        self.field = field
+        self.reason = reason
+        shown = "" if value is None else f" (got {_preview(value)})"
+        super().__init__(
+            f"invalid {field}: {reason}{shown}; nothing was written.",
+            hint="Fix the argument and try again.",
+        )
+
+
+class ClaimConflict(FleetclaimsError):
+    """The task is held by someone else (or by the same owner name without its token)."""
+
+    exit_code = EXIT_CONFLICT
+    code = "conflict"
+
+    def __init__(
+        self,
+        task: str,
+        *,
+        holder: str,
+        fence: int,
+        expires_at: float | None,
+        reason: str,
+        stale: bool = False,
+        phase: str = "working",
+    ) -> None:
+        self.task = task
+        self.holder = holder
+        self.fence = fence
+        self.expires_at = expires_at
+        self.reason = reason
+        self.stale = stale
+        self.phase = phase
+        expiry = "never (parked)" if expires_at is None else f"at {_iso(expires_at)}"
+        if stale:
+            hint = (
+                f"The claim is stale ({reason}); take it over with "
+                f"`fleetclaims recover {task} --owner YOU --reason ...` "
+                "or claim(..., take_stale=True)."
+            )
+        else:
+            hint = "Wait for the holder to release or complete it, or pick another task."
+        super().__init__(
+            f"task {task!r} is held by {holder!r} (fence {fence}, phase {phase}, "
+            f"lease expires {expiry}): {reason}.",
+            hint=hint,
+        )
+
+
+class NotHolder(FleetclaimsError):
+    """The token presented is not the live holder's token for the task."""
+
+    exit_code = EXIT_NOT_HOLDER
+    code = "not_holder"
+
+    def __init__(
+        self,
+        task: str,
+        reason: str,
+        *,
+        holder: str | None = None,
+        fence: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.task = task
+        self.reason = reason
+        self.holder = holder
+        self.fence = fence
+        super().__init__(
+            f"not the holder of task {task!r}: {reason}.",
+            hint=hint or "Check the token, or claim the task again.",
+        )
+
+
+class LeaseExpired(NotHolder):
+    """The caller's lease ran out (and may have been taken over): renew and complete refuse."""
+
+    code = "lease_expired"
+
+    def __init__(
+        self,
+        task: str,
+        *,
+        owner: str,
+        fence: int,
+        expired_at: float | None,
+        taken_by: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self.owner = owner
+        self.expired_at = expired_at
+        self.taken_by = taken_by
+        when = "" if expired_at is None else f" at {_iso(expired_at)}"
+        what = f"the lease of {owner!r} (fence {fence}) expired{when}"
+        if taken_by is not None:
+            what += f" and was taken over by {taken_by!r}"
+        if reason:
+            what += f" ({reason})"
+        super().__init__(
+            task,
+            what,
+            holder=taken_by,
+            fence=fence,
+            hint=(
+                "Stop working on it. To continue, take it over explicitly with "
+                f"`fleetclaims recover {task} --owner {owner} --reason ...`."
+                if taken_by is None
+                else "Stop working on it: another owner holds it now."
+            ),
+        )
+
+
+class ClaimSuperseded(NotHolder):
+    """A duplicate claim lost to another under the resolver order (preemption or merge)."""
+
+    code = "superseded"
+
+    def __init__(self, task: str, *, owner: str, fence: int, winner: str, rule: str) -> None:
+        self.owner = owner
+        self.winner = winner
+        self.rule = rule
+        super().__init__(
+            task,
+            f"the claim of {owner!r} (fence {fence}) was superseded by {winner!r} "
+            f"(rule: {rule})",
+            holder=winner,
+            fence=fence,
+            hint=f"Stop working on it; `fleetclaims explain {task}` shows the decision.",
+        )
+
+
+class TaskCompleted(FleetclaimsError):
+    """The task was completed; it refuses claims until reopened."""
+
+    exit_code = EXIT_CONFLICT
+    code = "completed"
+
+    def __init__(self, task: str, *, owner: str, fence: int, completed_at: float | None) -> None:
+        self.task = task
+        self.owner = owner
+        self.fence = fence
+        self.completed_at = completed_at
+        when = "" if completed_at is None else f" at {_iso(completed_at)}"
+        super().__init__(
+            f"task {task!r} was completed by {owner!r} (fence {fence}){when}.",
+            hint=f"Reopen it first (`fleetclaims reopen {task} --reason ...`) to work on it again.",
+        )
+
+
+class RegistryBusy(FleetclaimsError):
+    """The registry lock could not be taken within the timeout."""
+
+    code = "busy"
+
+    def __init__(self, path: str, timeout: float, holder: str | None = None) -> None:
+        self.path = path
+        self.timeout = timeout
+        self.holder = holder
+        who = f" (held by {holder})" if holder else ""
+        super().__init__(
+            f"the registry lock {path} was not free within {timeout:g}s{who}.",
+            hint=(
+                "Another process is writing or is stopped while holding the lock; "
+                "try again, or raise the timeout (lock_timeout=, FLEETCLAIMS_LOCK_TIMEOUT)."
+            ),
+        )
+
+
+class RegistryCorrupt(FleetclaimsError):
+    """A registry file is damaged or unsafe in a way that stops the operation."""
+
+    exit_code = EXIT_DAMAGED
+    code = "corrupt"
+
+    def __init__(self, path: str, reason: str, *, hint: str | None = None) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(
+            f"registry file {path} is damaged: {reason}.",
+            hint=hint or "Run `fleetclaims doctor` to inspect it and `fleetclaims doctor --fix` "
+            "to repair it (damaged bytes are kept in quarantine).",
+        )
+
+
+class AuditCorrupt(RegistryCorrupt):
+    """The audit journal fails verification at a given seq and byte offset."""
+
+    code = "audit_corrupt"
+
+    def __init__(self, path: str, *, seq: int, offset: int, reason: str) -> None:
+        self.seq = seq
+        self.offset = offset
+        super().__init__(
+            path,
+            f"audit journal broken at seq {seq}, byte offset {offset}: {reason}",
+            hint="Nothing was written. Run `fleetclaims audit verify` for details and "
+            "`fleetclaims doctor --fix` to salvage the verified prefix (the rest is quarantined).",
+        )
+
+
+class UnsafeRegistry(FleetclaimsError):
+    """The registry location is unsafe (symlink, FIFO, hard link, foreign owner, network FS)."""
+
+    code = "unsafe"
+
+    def __init__(self, path: str, reason: str, *, hint: str | None = None) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(
+            f"refusing to use {path}: {reason}.",
+            hint=hint or "Point fleetclaims at a private local directory (--dir, FLEETCLAIMS_DIR).",
+        )
+
+
+class DurabilityError(FleetclaimsError):
+    """An OS call on the write path failed; the operation was not acknowledged."""
+
+    code = "durability"
+
+    def __init__(self, operation: str, path: str, error: OSError) -> None:
+        self.operation = operation
+        self.path = path
+        self.errno = error.errno
+        self.strerror = error.strerror or str(error)
+        super().__init__(
+            f"{operation} failed on {path}: {self.strerror}; the change was NOT acknowledged "
+            "and this registry handle refuses further writes.",
+            hint="Fix the cause (disk space, permissions, hardware) and open the registry again.",
+        )
+
+
+class StoreUnavailable(FleetclaimsError):
+    """The backing store (a PostgreSQL server) could not be reached or lost the connection."""
+
+    code = "unavailable"
+
+    def __init__(self, where: str, reason: str, *, committed: bool | None = False) -> None:
+        self.where = where
+        self.reason = reason
+        self.committed = committed
+        state = {
+            False: "the change was not committed",
+            None: "whether the change committed is unknown; read it back before retrying",
+            True: "the change was committed",
+        }[committed]
+        super().__init__(
+            f"store {where} unavailable: {reason}; {state}.",
+            hint="Check that the server is running and reachable, then retry.",
+        )
+
+
+def _preview(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _iso(ts: float) -> str:
+    # Local import keeps this module import-light; datetime is stdlib.
+    from datetime import datetime, timezone
+
+    try:
+        return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):
+        return repr(ts)

@@ -1,0 +1,61 @@
+"""Where the registry lives: explicit path or URL, environment, git repository, user state dir."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SUBDIR = Path(".cache") / "fleetclaims"
+
+
+def is_url(value: str) -> bool:
+    return value.startswith(("postgresql://", "postgres://"))
+
+
+def resolve(path: str | os.PathLike[str] | None = None, cwd: Path | None = None) -> str:
+    """An explicit path or URL wins; then FLEETCLAIMS_URL, FLEETCLAIMS_DIR; then the main working
+    tree of the enclosing git repository; then the platform's user state directory."""
+    if path is not None:
+        text = os.fspath(path)
+        return text if is_url(text) else str(Path(text).expanduser().absolute())
+    url = os.environ.get("FLEETCLAIMS_URL")
+    if url:
+        return url
+    env_dir = os.environ.get("FLEETCLAIMS_DIR")
+    if env_dir:
+        return env_dir if is_url(env_dir) else str(Path(env_dir).expanduser().absolute())
+    root = git_main_worktree(cwd or Path.cwd())
+    if root is not None:
+        return str(root / SUBDIR)
+    from platformdirs import user_state_dir
+
+    return str(Path(user_state_dir("fleetclaims", appauthor=False)) / "registry")
+
+
+def git_main_worktree(start: Path) -> Path | None:
+    """The main working tree of the repository containing ``start``, read from the .git files
+    (no git process): every linked worktree of one repository shares one registry."""
+    here = start.absolute()
+    for directory in (here, *here.parents):
+        dotgit = directory / ".git"
+        if dotgit.is_dir():
+            return directory
+        if dotgit.is_file():
+            try:
+                text = dotgit.read_text().strip()
+            except OSError:
+                return directory
+            if not text.startswith("gitdir:"):
+                return directory
+            gitdir = Path(text[len("gitdir:") :].strip())
+            if not gitdir.is_absolute():
+                gitdir = (directory / gitdir).resolve()
+            commondir_file = gitdir / "commondir"
+            try:
+                common = Path(commondir_file.read_text().strip())
+            except OSError:
+                return directory  # a submodule: its own working tree is the root
+            if not common.is_absolute():
+                common = (gitdir / common).resolve()
+            return common.parent if common.name == ".git" else directory
+    return None

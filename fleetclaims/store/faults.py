@@ -1,0 +1,124 @@
+"""Fault injection seams on the write path.
+
+Production code calls ``osc.<name>(...)`` for each OS call that can fail on the write path and
+``crash_point(name)`` at each step where a crash matters. Both are no-ops unless a test arms them:
+in-process through ``arm_os_fault``/``set_crash_hook``, or in a child process through the
+environment variable ``FLEETCLAIMS_CRASH_AT=point[:n]`` (die by SIGKILL at the n-th arrival).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+CRASH_POINTS = (
+    "journal.after_write",  # line written, not yet fdatasync'ed
+    "journal.after_sync",  # durable, not yet acknowledged
+    "snapshot.during_write",  # temp file half written
+    "snapshot.after_fsync",  # temp file durable, not renamed
+    "snapshot.after_rename",  # renamed, directory not yet fsync'ed
+    "repair.after_quarantine",  # torn tail copied to quarantine, journal not yet truncated
+    "repair.after_truncate",  # journal truncated, repair event not yet written
+    "rebuild.after_quarantine",  # damaged snapshot moved aside, state not yet rebuilt
+)
+
+
+class _Faults:
+    def __init__(self) -> None:
+        self.crash_hook: Callable[[str], None] | None = None
+        self.os_faults: dict[str, list[Any]] = {}
+        self.counts: dict[str, int] = {}
+        env = os.environ.get("FLEETCLAIMS_CRASH_AT")
+        if env:
+            point, _, nth = env.partition(":")
+            target = int(nth or "1")
+            seen = {"n": 0}
+
+            def die(name: str) -> None:
+                if name == point:
+                    seen["n"] += 1
+                    if seen["n"] >= target:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+            self.crash_hook = die
+
+
+FAULTS = _Faults()
+
+
+def crash_point(name: str) -> None:
+    hook = FAULTS.crash_hook
+    if hook is not None:
+        hook(name)
+
+
+def set_crash_hook(hook: Callable[[str], None] | None) -> None:
+    FAULTS.crash_hook = hook
+
+
+def arm_os_fault(call: str, nth: int, error: BaseException | Callable[..., Any]) -> None:
+    """Make the ``nth`` use (1-based, counted from now) of OS call ``call`` fail with ``error``
+    (an exception to raise, or a callable that replaces the call, e.g. for a short write)."""
+    FAULTS.counts[call] = 0
+    FAULTS.os_faults[call] = [nth, error]
+
+
+def disarm() -> None:
+    FAULTS.os_faults.clear()
+    FAULTS.counts.clear()
+    FAULTS.crash_hook = None
+
+
+class _OS:
+    """os functions with an injectable failure on their n-th use."""
+
+    def _call(self, name: str, real: Callable[..., Any], *args: Any) -> Any:
+        fault = FAULTS.os_faults.get(name)
+        if fault is not None:
+            FAULTS.counts[name] = FAULTS.counts.get(name, 0) + 1
+            if FAULTS.counts[name] == fault[0]:
+                error = fault[1]
+                if isinstance(error, BaseException):
+                    raise error
+                return error(*args)
+        return real(*args)
+
+    def write(self, fd: int, data: bytes) -> int:
+        return int(self._call("write", os.write, fd, data))
+
+    def fsync(self, fd: int) -> None:
+        self._call("fsync", os.fsync, fd)
+
+    def fdatasync(self, fd: int) -> None:
+        self._call("fdatasync", _fdatasync, fd)
+
+    def replace(self, src: str, dst: str) -> None:
+        self._call("replace", os.replace, src, dst)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        self._call("ftruncate", os.ftruncate, fd, size)
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        return int(self._call("open", os.open, path, flags, mode))
+
+
+def _fdatasync(fd: int) -> None:
+    if hasattr(os, "fdatasync"):
+        os.fdatasync(fd)
+        return
+    # macOS: fsync does not reach the platter; F_FULLFSYNC does (falls back to fsync).
+    import fcntl
+
+    full = getattr(fcntl, "F_FULLFSYNC", None)
+    if full is not None:
+        try:
+            fcntl.fcntl(fd, full)
+            return
+        except OSError:
+            pass
+    os.fsync(fd)
+
+
+osc = _OS()

@@ -1,0 +1,526 @@
+"""The embedded file store: a hash-chained journal, a checkpoint snapshot, one lock file.
+
+Write path (under the lock): catch up on journal bytes this process has not seen (repairing a
+torn tail), decide, append the event lines and fdatasync, apply, checkpoint if due, return.
+Read path (no lock): snapshot, then journal lines after its offset; incomplete last line ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..core import events as ev
+from ..core.chain import envelope, seal
+from ..core.errors import (
+    DurabilityError,
+    FleetclaimsError,
+    RegistryCorrupt,
+    UnsafeRegistry,
+)
+from ..core.model import State
+from ..core.rules import Decision
+from ..system import Clock, unsafe_filesystem
+from . import fsutil
+from .base import Decide, VerifyReport
+from .faults import crash_point, osc
+from .journal import (
+    Snapshot,
+    SnapshotError,
+    apply_checked,
+    decode_snapshot,
+    encode_snapshot,
+    find_offset,
+    iter_lines,
+    line_before,
+    parse_line,
+    verify_fd,
+)
+from .lock import RegistryLock
+
+log = logging.getLogger("fleetclaims")
+
+JOURNAL = "audit.jsonl"
+SNAPSHOT = "claims.json"
+LOCK = "claims.lock"
+TMP_PREFIX = "claims.json.tmp-"
+# Checkpoint when the journal tail since the last snapshot exceeds max(MIN, snapshot/DIVISOR):
+# the snapshot write is then paid for by at least snapshot/DIVISOR bytes of appends, so the
+# amortised cost per operation stays constant however many claims there are, and a cold start
+# replays at most that much.
+CHECKPOINT_MIN_TAIL = 512 * 1024
+CHECKPOINT_DIVISOR = 8
+
+
+class FileStore:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        clock: Clock,
+        durability: str = "full",
+        lock_timeout: float = 10.0,
+        allow_unsafe_fs: bool = False,
+        create: bool = True,
+    ) -> None:
+        if durability not in ("full", "process"):
+            raise ValueError("durability must be 'full' or 'process'")
+        self.directory = Path(directory).absolute()
+        self.location = str(self.directory)
+        self.clock = clock
+        self.durability = durability
+        self.lock_timeout = lock_timeout
+        self.allow_unsafe_fs = allow_unsafe_fs
+        self._create = create
+        self.journal_path = self.directory / JOURNAL
+        self.snapshot_path = self.directory / SNAPSHOT
+        self._mutex = threading.RLock()
+        self._pid = -1
+        self._lock = RegistryLock(self.directory / LOCK, lock_timeout)
+        self._fd = -1
+        self._ino: int | None = None
+        self._state: State | None = None
+        self._offset = 0
+        self._snap_offset = 0
+        self._snap_size = 0
+        self._poisoned: DurabilityError | None = None
+        self._swept_temps = False
+        self.last_checkpoint_error: OSError | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def sync(self) -> bool:
+        return self.durability == "full"
+
+    def _ensure_open(self) -> None:
+        pid = os.getpid()
+        if self._pid == pid:
+            return
+        # First use, or we are a forked child: never share lock or journal descriptors (and
+        # their flock) with the parent.
+        self._reset_handles()
+        fsutil.check_directory(self.directory, create=self._create)
+        if not self.allow_unsafe_fs:
+            reason = unsafe_filesystem(self.directory)
+            if reason is not None:
+                raise UnsafeRegistry(
+                    self.location,
+                    reason + ": file locks or atomic rename are unreliable there",
+                    hint="Use a local directory (FLEETCLAIMS_DIR), or pass allow_unsafe_fs=True / "
+                    "--allow-unsafe-fs / FLEETCLAIMS_ALLOW_UNSAFE_FS=1 if you are sure.",
+                )
+        self._lock.open()
+        self._pid = pid
+
+    def _reset_handles(self) -> None:
+        if self._fd >= 0 and self._pid == os.getpid():
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        if self._pid == os.getpid():
+            self._lock.close()
+        self._lock.fd = -1
+        self._fd = -1
+        self._ino = None
+        self._state = None
+        self._offset = 0
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._pid == os.getpid():
+                self._reset_handles()
+            self._pid = -1
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # --- the transaction ---------------------------------------------------------------------
+
+    def transact(self, decide: Decide) -> tuple[Decision, State]:
+        with self._mutex:
+            if self._poisoned is not None:
+                raise self._poisoned
+            self._ensure_open()
+            with self._lock.held():
+                state = self._catch_up(writer=True)
+                if state.seq == 0:  # an empty journal (a crash right after creating it)
+                    self._append([{"type": ev.REGISTRY_CREATED, "origin": secrets.token_hex(8),
+                                   "actor": "fleetclaims"}], self.clock.now().wall)
+                now = self.clock.now()
+                decision = decide(state, now)
+                if decision.events:
+                    self._append(list(decision.events), now.wall)
+                    self._maybe_checkpoint()
+                assert self._state is not None
+                return decision, self._state
+
+    def read(self) -> State:
+        with self._mutex:
+            self._ensure_open()
+            return self._catch_up(writer=False)
+
+    # --- catching up -------------------------------------------------------------------------
+
+    def _open_journal(self, *, create: bool) -> bool:
+        """Open the journal descriptor; False when there is no journal (and create is False)."""
+        try:
+            self._fd = fsutil.open_file(self.journal_path, os.O_RDWR | os.O_APPEND, create=create)
+        except FileNotFoundError:
+            return False
+        self._ino = os.fstat(self._fd).st_ino
+        return True
+
+    def _catch_up(self, *, writer: bool) -> State:
+        if self._state is not None:
+            try:
+                st = os.stat(self.journal_path, follow_symlinks=False)
+            except FileNotFoundError:
+                raise RegistryCorrupt(
+                    str(self.journal_path), "the journal disappeared while in use"
+                ) from None
+            if st.st_ino != self._ino or st.st_size < self._offset:
+                # Replaced (doctor --fix, migrate) or cut back (a failed write undone by its
+                # writer): start again from disk.
+                self._drop_state()
+            elif st.st_size == self._offset:
+                return self._state
+        if self._state is None:
+            self._load(writer=writer)
+            assert self._state is not None
+        self._consume(writer=writer)
+        return self._state
+
+    def _drop_state(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd = -1
+        self._ino = None
+        self._state = None
+        self._offset = 0
+
+    def _load(self, *, writer: bool) -> None:
+        snap_exists = os.path.lexists(self.snapshot_path)
+        if not self._open_journal(create=False):
+            if snap_exists:
+                raise RegistryCorrupt(
+                    str(self.journal_path),
+                    "the journal is missing but a snapshot exists",
+                    hint="Run `fleetclaims doctor --fix` to start a new journal from the snapshot.",
+                )
+            if not writer:
+                self._state = State()
+                self._offset = 0
+                return
+            self._create_journal()
+            return
+        if writer and not self._swept_temps:
+            self._sweep_temp_files()
+        snapshot, problem = self._read_snapshot() if snap_exists else (None, None)
+        if snapshot is not None:
+            problem = self._anchor_problem(snapshot)
+            if problem is None:
+                self._state = snapshot.state
+                self._offset = self._snap_offset = snapshot.offset
+                self._snap_size = snapshot.size
+                return
+        self._state = State()
+        self._offset = 0
+        self._snap_offset = self._snap_size = 0
+        if problem is None:
+            return
+        # A bad snapshot: rebuild from the journal (readers in memory, writers on disk too).
+        self._consume(writer=False)
+        if snapshot is not None and snapshot.state.seq > self._state.seq:
+            raise RegistryCorrupt(
+                str(self.journal_path),
+                f"the snapshot is at seq {snapshot.state.seq} but the journal ends at seq "
+                f"{self._state.seq}: acknowledged events are missing from the journal",
+                hint="Run `fleetclaims doctor --fix`: it keeps the verified journal, re-records "
+                "the snapshot's claims, and quarantines both originals.",
+            )
+        if writer:
+            self._rebuild_snapshot(problem)
+
+    def _read_snapshot(self) -> tuple[Snapshot | None, str | None]:
+        try:
+            fd = fsutil.open_file(self.snapshot_path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None, None
+        except UnsafeRegistry:
+            raise
+        try:
+            data = fsutil.read_all(fd)
+        finally:
+            os.close(fd)
+        try:
+            return decode_snapshot(data), None
+        except SnapshotError as exc:
+            return None, str(exc)
+
+    def _anchor_problem(self, snapshot: Snapshot) -> str | None:
+        size = os.fstat(self._fd).st_size
+        if snapshot.offset > size:
+            return f"snapshot offset {snapshot.offset} is past the journal end ({size} bytes)"
+        if snapshot.offset == 0:
+            return None if snapshot.state.seq == 0 else "snapshot at offset 0 claims events"
+        found = line_before(self._fd, snapshot.offset)
+        if found is None:
+            return "snapshot offset is not at a line boundary of the journal"
+        _, line = found
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return "the journal line at the snapshot offset is damaged"
+        if not isinstance(event, dict) or event.get("hash") != snapshot.state.head or event.get(
+            "seq"
+        ) != snapshot.state.seq:
+            return "the snapshot's head does not match the journal at its offset"
+        return None
+
+    def _consume(self, *, writer: bool) -> None:
+        """Apply complete journal lines after our offset; repair a torn tail when writing."""
+        state = self._state
+        assert state is not None
+        path = str(self.journal_path)
+        for offset, line, complete in iter_lines(self._fd, self._offset):
+            if not complete:
+                if writer:
+                    self._repair_tail(offset, line)
+                return
+            event = parse_line(line, seq=state.seq + 1, prev=state.head, offset=offset, path=path)
+            apply_checked(state, event, offset, path)
+            self._offset = offset + len(line) + 1
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def _create_journal(self) -> None:
+        self._open_journal(create=True)
+        self._state = State()
+        self._offset = 0
+        if self.sync:
+            fsutil.fsync_dir(self.directory)
+
+    def _append(self, events: list[dict[str, Any]], ts: float) -> None:
+        state = self._state
+        assert state is not None
+        seq, head = state.seq, state.head
+        lines: list[bytes] = []
+        sealed: list[dict[str, Any]] = []
+        for fields in events:
+            seq += 1
+            obj = envelope(seq, ts, fields, head)
+            line, head = seal(orjson.dumps(obj))
+            obj["hash"] = head
+            lines.append(line)
+            sealed.append(obj)
+        data = b"".join(lines)
+        start = self._offset
+        try:
+            written = osc.write(self._fd, data)
+            if written != len(data):
+                raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)")
+            crash_point("journal.after_write")
+            if self.sync:
+                osc.fdatasync(self._fd)
+        except OSError as exc:
+            self._fail_append(exc, start)
+        crash_point("journal.after_sync")
+        for obj in sealed:
+            ev.apply(state, obj)
+        self._offset = start + len(data)
+
+    def _fail_append(self, exc: OSError, start: int) -> None:
+        """Undo a write that was not made durable, then refuse further writes from this handle.
+
+        After a failed fsync the page cache cannot be trusted to hold what we wrote, so we do not
+        retry: we cut the journal back to the last acknowledged byte and stop.
+        """
+        undone = True
+        try:
+            osc.ftruncate(self._fd, start)
+            if self.sync:
+                os.fsync(self._fd)
+        except OSError:
+            undone = False
+        error = DurabilityError(
+            "appending to the journal" if undone else "appending to the journal (and undoing it)",
+            str(self.journal_path),
+            exc,
+        )
+        self._poisoned = error
+        self._drop_state()
+        raise error from exc
+
+    def _repair_tail(self, offset: int, tail: bytes) -> None:
+        """A writer died mid-line: keep its bytes in quarantine, cut them off, record it."""
+        name = fsutil.quarantine_bytes(
+            self.directory, JOURNAL, tail, "torn journal tail",
+            sync=self.sync, extra={"offset": offset, "after_seq": self._state.seq if self._state else 0},
+        ).name
+        crash_point("repair.after_quarantine")
+        try:
+            osc.ftruncate(self._fd, offset)
+            if self.sync:
+                osc.fsync(self._fd)
+        except OSError as exc:
+            self._fail_append(exc, offset)
+        crash_point("repair.after_truncate")
+        self._offset = offset
+        self._append(
+            [{"type": ev.JOURNAL_TAIL_REPAIRED, "actor": "fleetclaims", "offset": offset,
+              "bytes": len(tail), "quarantined": name}],
+            self.clock.now().wall,
+        )
+
+    def _rebuild_snapshot(self, problem: str) -> None:
+        quarantined = None
+        if os.path.lexists(self.snapshot_path):
+            quarantined = fsutil.quarantine_file(
+                self.directory, self.snapshot_path, f"snapshot unusable: {problem}", sync=self.sync
+            ).name
+        crash_point("rebuild.after_quarantine")
+        assert self._state is not None
+        self._append(
+            [{"type": ev.REGISTRY_REBUILT, "actor": "fleetclaims", "reason": problem,
+              "quarantined": quarantined, "claims": []}],
+            self.clock.now().wall,
+        )
+        self._checkpoint()
+
+    def _maybe_checkpoint(self) -> None:
+        tail = self._offset - self._snap_offset
+        if tail > max(CHECKPOINT_MIN_TAIL, self._snap_size // CHECKPOINT_DIVISOR):
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Write the snapshot by temp file + fsync + rename + directory fsync. Best effort: the
+        journal already holds everything, so a failure here is logged, not raised."""
+        assert self._state is not None
+        data = encode_snapshot(self._state, self._offset)
+        tmp = self.directory / f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            fd = fsutil.open_file(tmp, os.O_WRONLY | os.O_EXCL, create=True)
+            try:
+                half = len(data) // 2
+                view = memoryview(data)
+                pos = 0
+                while pos < len(data):
+                    n = osc.write(fd, bytes(view[pos : pos + (1 << 20)]))
+                    if n <= 0:
+                        raise OSError(errno.EIO, "short write")
+                    pos += n
+                    if pos >= half:
+                        crash_point("snapshot.during_write")
+                if self.sync:
+                    osc.fsync(fd)
+            finally:
+                os.close(fd)
+            crash_point("snapshot.after_fsync")
+            osc.replace(str(tmp), str(self.snapshot_path))
+            crash_point("snapshot.after_rename")
+            if self.sync:
+                fsutil.fsync_dir(self.directory)
+        except (OSError, FleetclaimsError) as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            self.last_checkpoint_error = exc if isinstance(exc, OSError) else OSError(str(exc))
+            log.warning("fleetclaims: checkpoint of %s skipped: %s", self.location, exc)
+            return
+        self._snap_offset = self._offset
+        self._snap_size = len(data)
+        self.last_checkpoint_error = None
+
+    def _sweep_temp_files(self) -> None:
+        """Temp snapshots are only written under the lock we hold, so any left are strays of a
+        writer that died mid-checkpoint; they are redundant copies, safe to remove."""
+        self._swept_temps = True
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.directory):
+                if entry.name.startswith(TMP_PREFIX) and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+
+    def checkpoint(self) -> None:
+        """Write a snapshot now (used by tests, doctor and benchmarks)."""
+        with self._mutex:
+            self._ensure_open()
+            with self._lock.held():
+                self._catch_up(writer=True)
+                self._checkpoint()
+
+    # --- reading events ----------------------------------------------------------------------
+
+    def iter_events(self, after: int = 0) -> Iterator[dict[str, Any]]:
+        with self._mutex:
+            state = self.read()
+            end = self._offset
+            if self._fd < 0 or after >= state.seq:
+                return iter(())
+            fd = os.dup(self._fd)
+        return self._iter_from(fd, after, end)
+
+    def _iter_from(self, fd: int, after: int, end: int) -> Iterator[dict[str, Any]]:
+        try:
+            start = find_offset(fd, after, 0, end, 0)
+            for _, line, complete in iter_lines(fd, start, end):
+                if complete:
+                    yield orjson.loads(line)
+        finally:
+            os.close(fd)
+
+    def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+        with self._mutex:
+            self._ensure_open()
+            try:
+                fd = fsutil.open_file(self.journal_path, os.O_RDONLY)
+            except FileNotFoundError:
+                return VerifyReport(True, 0, 0, "0" * 64, None, anchor_ok=None)
+        try:
+            anchor = None
+            snapshot, problem = self._read_snapshot()
+            if snapshot is not None:
+                anchor = (snapshot.state.seq, snapshot.offset, snapshot.state.head)
+            report = verify_fd(fd, str(self.journal_path), progress=progress, anchor=anchor)
+            if problem is not None:
+                return VerifyReport(report.ok, report.events, report.bytes, report.head,
+                                    report.error or f"snapshot: {problem}", report.seq,
+                                    report.offset, False, report.torn_tail)
+            return report
+        finally:
+            os.close(fd)
+
+    # --- migration and repair ----------------------------------------------------------------
+
+    def import_events(self, lines: list[bytes]) -> None:
+        """Write a whole journal of already-sealed lines into an empty registry."""
+        with self._mutex:
+            self._ensure_open()
+            with self._lock.held():
+                if os.path.lexists(self.journal_path) and os.path.getsize(self.journal_path) > 0:
+                    raise RegistryCorrupt(self.location, "the target registry is not empty",
+                                          hint="Migrate into an empty directory.")
+                self._drop_state()
+                self._open_journal(create=True)
+                data = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
+                try:
+                    pos = 0
+                    while pos < len(data):
+                        pos += osc.write(self._fd, data[pos : pos + (1 << 20)])
+                    osc.fdatasync(self._fd)
+                except OSError as exc:
+                    self._fail_append(exc, 0)
+                fsutil.fsync_dir(self.directory)
+                self._drop_state()
+                self._catch_up(writer=True)
+                self._checkpoint()

@@ -1,0 +1,192 @@
+"""Careful file handling: refuse symlinks, FIFOs, hard links and foreign owners; fsync; quarantine."""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..core.errors import UnsafeRegistry
+from .faults import osc
+
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a planted FIFO must not hang
+O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+GITIGNORE = "# Created by fleetclaims: the registry is local state, never commit it.\n*\n"
+
+
+def check_directory(path: Path, *, create: bool) -> None:
+    """The registry directory must be a real directory we own that others cannot write to."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if not create:
+            raise
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+        _write_gitignore(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeRegistry(str(path), "the registry directory is a symbolic link")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeRegistry(str(path), "the registry path exists and is not a directory")
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        raise UnsafeRegistry(
+            str(path), f"the directory is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+        )
+    if st.st_mode & 0o022:
+        raise UnsafeRegistry(
+            str(path),
+            f"the directory is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})",
+            hint=f"Run `chmod 700 {path}` if that is your registry, then retry.",
+        )
+
+
+def _write_gitignore(path: Path) -> None:
+    target = path / ".gitignore"
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
+        os.write(fd, GITIGNORE.encode())
+    finally:
+        os.close(fd)
+
+
+def open_file(path: Path, flags: int, *, create: bool = False) -> int:
+    """Open a registry file safely: no symlink, no FIFO or device, no hard link, ours."""
+    mode_flags = flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | (os.O_CREAT if create else 0)
+    try:
+        fd = osc.open(str(path), mode_flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeRegistry(str(path), "it is a symbolic link") from None
+        if exc.errno == errno.ENXIO:
+            raise UnsafeRegistry(str(path), "it is a socket or FIFO, not a regular file") from None
+        raise
+    try:
+        check_fd(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_fd(fd: int, path: Path) -> os.stat_result:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeRegistry(str(path), "it is not a regular file (FIFO, device or directory)")
+    if st.st_nlink > 1:
+        raise UnsafeRegistry(str(path), f"it has {st.st_nlink} hard links; a registry file has one")
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        raise UnsafeRegistry(str(path), f"it is owned by uid {st.st_uid}, not by you")
+    return st
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    except OSError:
+        return  # some platforms cannot open directories; rename is then as durable as it gets
+    try:
+        osc.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def quarantine_name(name: str, reason: str) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    slug = "".join(c if c.isalnum() else "-" for c in reason.lower())[:40].strip("-")
+    return f"{stamp}-{os.getpid()}-{secrets.token_hex(3)}-{name}-{slug}"
+
+
+def _quarantine_dir(directory: Path) -> Path:
+    qdir = directory / "quarantine"
+    try:
+        os.mkdir(qdir, 0o700)
+    except FileExistsError:
+        pass
+    if qdir.is_symlink() or not qdir.is_dir():
+        raise UnsafeRegistry(str(qdir), "the quarantine path is not a plain directory")
+    return qdir
+
+
+def write_note(qdir: Path, name: str, note: dict[str, Any], *, sync: bool) -> None:
+    path = qdir / f"{name}.note.json"
+    fd = open_file(path, os.O_WRONLY | os.O_EXCL, create=True)
+    try:
+        os.write(fd, orjson.dumps(note, option=orjson.OPT_INDENT_2) + b"\n")
+        if sync:
+            osc.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def quarantine_file(
+    directory: Path, path: Path, reason: str, *, sync: bool = True, extra: dict[str, Any] | None = None
+) -> Path:
+    """Move a damaged file aside, with a note of why. Never deletes it."""
+    qdir = _quarantine_dir(directory)
+    name = quarantine_name(path.name, reason)
+    target = qdir / name
+    try:
+        size = os.lstat(path).st_size
+    except OSError:
+        size = None
+    os.rename(path, target)
+    note = {"reason": reason, "original": str(path), "size": size, "moved_at": time.time()}
+    note.update(extra or {})
+    write_note(qdir, name, note, sync=sync)
+    if sync:
+        fsync_dir(qdir)
+        fsync_dir(directory)
+    return target
+
+
+def quarantine_bytes(
+    directory: Path, name: str, data: bytes, reason: str, *, sync: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Keep a copy of damaged bytes (e.g. a torn journal tail) before they are cut off."""
+    qdir = _quarantine_dir(directory)
+    qname = quarantine_name(name, reason)
+    target = qdir / qname
+    fd = open_file(target, os.O_WRONLY | os.O_EXCL, create=True)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[osc.write(fd, bytes(view)) :]
+        if sync:
+            osc.fsync(fd)
+    finally:
+        os.close(fd)
+    note = {"reason": reason, "original": str(directory / name), "size": len(data),
+            "moved_at": time.time()}
+    note.update(extra or {})
+    write_note(qdir, qname, note, sync=sync)
+    if sync:
+        fsync_dir(qdir)
+    return target

@@ -1,0 +1,116 @@
+"""The registry's write lock on ``claims.lock`` (never deleted).
+
+The descriptor stays open for the life of the store, so an uncontended acquire is one
+``flock`` call (filelock's ``lock_descriptor``). Contended waits matter for tail latency:
+polling in coarse steps makes waiters miss the moment the lock is free, so on the main thread
+we block in the kernel (woken as soon as the holder releases) with an interval timer as the
+timeout, and elsewhere poll in fine, growing steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+from filelock import lock_descriptor, unlock_descriptor
+
+from ..core.errors import RegistryBusy
+from .fsutil import open_file
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _raise_timeout(signum: int, frame: FrameType | None) -> None:
+    raise _Timeout
+
+
+class RegistryLock:
+    def __init__(self, path: Path, timeout: float) -> None:
+        self.path = path
+        self.timeout = timeout
+        self.fd = -1
+        self._stamp = f"pid={os.getpid()}".encode()
+
+    def open(self) -> None:
+        self.fd = open_file(self.path, os.O_RDWR, create=True)
+        self._stamp = f"pid={os.getpid()} since=".encode()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.acquire()
+        try:
+            yield
+        finally:
+            unlock_descriptor(self.fd)
+
+    def acquire(self) -> None:
+        if not lock_descriptor(self.fd, blocking=False):
+            self._wait()
+        # Who holds the lock, for the RegistryBusy message of a waiter that times out.
+        with contextlib.suppress(OSError):
+            os.pwrite(self.fd, self._stamp + f"{time.time():.3f}\n".encode().ljust(24), 0)
+
+    def _wait(self) -> None:
+        if (
+            fcntl is not None
+            and hasattr(signal, "setitimer")
+            and threading.current_thread() is threading.main_thread()
+            and 0 < self.timeout < 1e6
+            and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+            and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None)
+        ):
+            self._wait_blocking()
+        else:
+            self._wait_polling()
+
+    def _wait_blocking(self) -> None:
+        assert fcntl is not None
+        previous = signal.signal(signal.SIGALRM, _raise_timeout)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, self.timeout)
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except _Timeout:
+            raise self._busy() from None
+        finally:
+            signal.signal(signal.SIGALRM, previous)
+
+    def _wait_polling(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        pause = 0.00005
+        while not lock_descriptor(self.fd, blocking=False):
+            if time.monotonic() >= deadline:
+                raise self._busy()
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.002)
+
+    def _busy(self) -> RegistryBusy:
+        holder = None
+        try:
+            raw = os.pread(self.fd, 80, 0).decode("ascii", "replace").strip()
+            if raw:
+                holder = raw.split("\n")[0]
+        except OSError:
+            pass
+        return RegistryBusy(str(self.path), self.timeout, holder)

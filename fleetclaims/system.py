@@ -1,0 +1,287 @@
+"""The only module that touches psutil, sockets, clocks, /proc, the boot id and the machine id.
+
+Every Linux-only source has a portable fallback, and a missing source yields "" / None, which
+the core turns into an ``unknown`` verdict, never a crash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Protocol
+
+from .core.liveness import LocalFacts, Probe, decide_liveness
+from .core.model import Identity, Now, Verdict
+
+_CLOCK_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+class Clock(Protocol):
+    def now(self) -> Now: ...
+
+
+class Prober(Protocol):
+    def verdict(self, identity: Identity | None) -> Verdict: ...
+
+    def identity(self) -> Identity: ...
+
+
+class SystemClock:
+    """Wall time plus a boot clock that never steps (CLOCK_BOOTTIME, else monotonic)."""
+
+    def now(self) -> Now:
+        wall = time.time()
+        if _CLOCK_BOOTTIME is not None:
+            boot = time.clock_gettime(_CLOCK_BOOTTIME)
+        else:  # macOS: monotonic stops during sleep, which only makes leases last longer
+            boot = time.monotonic()
+        return Now(wall=wall, boot=boot, boot_id=boot_id())
+
+
+@lru_cache(maxsize=1)
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        # Boot time is a wall-clock value; rounding absorbs small NTP adjustments.
+        return f"boottime:{round(psutil.boot_time())}"
+    except Exception:  # any failure means "unknown", never a crash
+        return ""
+
+
+@lru_cache(maxsize=1)
+def machine_id_hash() -> str:
+    for candidate in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            raw = Path(candidate).read_text().strip()
+        except OSError:
+            continue
+        if raw:
+            return _hash_machine(raw)
+    if sys.platform == "darwin":
+        raw = _darwin_platform_uuid()
+        if raw:
+            return _hash_machine(raw)
+    return ""
+
+
+def _hash_machine(raw: str) -> str:
+    # Hashed so the journal never carries the raw machine id (it is a stable host secret).
+    return hashlib.sha256(b"fleetclaims-machine:" + raw.encode()).hexdigest()[:32]
+
+
+def _darwin_platform_uuid() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["/usr/sbin/ioreg", "-rd1", "-c", "IOPlatformExpertDevice"],
+            capture_output=True, text=True, timeout=2, check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    for line in out.splitlines():
+        if "IOPlatformUUID" in line:
+            return line.split("=")[-1].strip().strip('"')
+    return ""
+
+
+@lru_cache(maxsize=1)
+def pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pass
+    # macOS and the BSDs have no PID namespaces: every process shares the host's.
+    return "host" if sys.platform == "darwin" else ""
+
+
+@lru_cache(maxsize=1)
+def hostname() -> str:
+    return socket.gethostname()
+
+
+@lru_cache(maxsize=1)
+def _clock_ticks() -> int:
+    try:
+        return os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError, AttributeError):
+        return 100
+
+
+def local_facts() -> LocalFacts:
+    return LocalFacts(
+        host=hostname(), machine=machine_id_hash(), boot=boot_id(), pidns=pid_namespace()
+    )
+
+
+def probe(pid: int) -> Probe:
+    """Look at a PID on this machine: gone, zombie, start ticks, or denied."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            return Probe(exists=False)
+        return _probe_psutil(pid)
+    except PermissionError:
+        return Probe(exists=True, denied=True)
+    except OSError as exc:
+        return Probe(exists=False, error=str(exc))
+    # The command name may contain spaces and parentheses: fields start after the last ')'.
+    try:
+        rest = raw[raw.rindex(b")") + 2 :].split()
+        return Probe(exists=True, zombie=rest[0] in (b"Z", b"X"), start=int(rest[19]))
+    except (ValueError, IndexError) as exc:
+        return Probe(exists=True, error=f"unreadable /proc/{pid}/stat: {exc}")
+
+
+def _probe_psutil(pid: int) -> Probe:
+    try:
+        import psutil
+    except ImportError as exc:  # pragma: no cover - psutil is a dependency
+        return Probe(exists=False, error=str(exc))
+    try:
+        proc = psutil.Process(pid)
+        status = proc.status()
+        created = proc.create_time()
+    except psutil.NoSuchProcess:
+        return Probe(exists=False)
+    except psutil.AccessDenied:
+        return Probe(exists=True, denied=True)
+    except Exception as exc:  # any other failure is "unknown"
+        return Probe(exists=False, error=str(exc))
+    zombie = status in (psutil.STATUS_ZOMBIE, getattr(psutil, "STATUS_DEAD", "dead"))
+    return Probe(exists=True, zombie=zombie, start=_ticks_from_create_time(created))
+
+
+def _ticks_from_create_time(created: float) -> int:
+    # Fallback only (no /proc): create_time is wall-clock based, so express it relative to boot
+    # time in 1/100 s; a wall step moves both values together.
+    try:
+        import psutil
+
+        return int(round((created - psutil.boot_time()) * 100))
+    except Exception:
+        return -1
+
+
+def start_ticks(pid: int) -> int:
+    found = probe(pid)
+    return -1 if found.start is None else found.start
+
+
+class SystemProber:
+    """Identity of this process and liveness verdicts for recorded identities."""
+
+    def __init__(self) -> None:
+        self._identity: Identity | None = None
+
+    def identity(self) -> Identity:
+        pid = os.getpid()
+        if self._identity is None or self._identity.pid != pid:  # recomputed after fork
+            facts = local_facts()
+            self._identity = Identity(
+                host=facts.host,
+                machine=facts.machine,
+                boot=facts.boot,
+                pidns=facts.pidns,
+                pid=pid,
+                start=start_ticks(pid),
+            )
+        return self._identity
+
+    def verdict(self, identity: Identity | None) -> Verdict:
+        facts = local_facts()
+        found: Probe | None = None
+        if (
+            identity is not None
+            and identity.machine
+            and identity.machine == facts.machine
+            and identity.boot == facts.boot
+            and identity.pidns == facts.pidns
+            and identity.pid > 0
+        ):
+            found = probe(identity.pid)
+        return decide_liveness(identity, facts, found)
+
+
+# --- filesystems -----------------------------------------------------------------------------
+
+NETWORK_FS = frozenset(
+    {
+        "nfs", "nfs4", "cifs", "smb3", "smbfs", "smb2", "9p", "afs", "ceph", "glusterfs",
+        "lustre", "gpfs", "ncpfs", "coda", "davfs", "webdav", "sshfs", "virtiofs", "vboxsf",
+        "prl_fs", "vmhgfs",
+    }
+)
+CLOUD_FOLDERS = ("Dropbox", "OneDrive", "Google Drive", "GoogleDrive", "Mobile Documents",
+                 "iCloud Drive", "Box Sync", "pCloud Drive", "MEGA", "Nextcloud", "ownCloud")
+
+
+@dataclass(frozen=True)
+class MountInfo:
+    mountpoint: str
+    fstype: str
+
+
+def mount_of(path: Path, mounts_file: str = "/proc/self/mounts") -> MountInfo | None:
+    """The mount holding ``path`` from the mount table (longest matching mount point)."""
+    try:
+        text = Path(mounts_file).read_text()
+    except OSError:
+        return _mount_psutil(path)
+    target = str(path.resolve())
+    best: MountInfo | None = None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        if (target == point or target.startswith(point.rstrip("/") + "/")) and (
+            best is None or len(point) > len(best.mountpoint)
+        ):
+            best = MountInfo(point, parts[2])
+    return best
+
+
+def _mount_psutil(path: Path) -> MountInfo | None:
+    try:
+        import psutil
+
+        target = str(path.resolve())
+        best: MountInfo | None = None
+        for part in psutil.disk_partitions(all=True):
+            point = part.mountpoint
+            if (target == point or target.startswith(point.rstrip("/") + "/")) and (
+                best is None or len(point) > len(best.mountpoint)
+            ):
+                best = MountInfo(point, part.fstype)
+        return best
+    except Exception:
+        return None
+
+
+def unsafe_filesystem(path: Path, mounts_file: str = "/proc/self/mounts") -> str | None:
+    """Why locks or rename may be unreliable at ``path``, or None when it looks local."""
+    info = mount_of(path, mounts_file)
+    if info is not None:
+        fstype = info.fstype.lower()
+        if fstype in NETWORK_FS or fstype.split(".")[0] in NETWORK_FS:
+            return f"{path} is on a network filesystem ({info.fstype} at {info.mountpoint})"
+        if fstype.startswith("fuse") and fstype not in ("fuse.portal",):
+            return f"{path} is on a FUSE filesystem ({info.fstype} at {info.mountpoint})"
+    resolved = str(path.resolve())
+    for name in CLOUD_FOLDERS:
+        if f"/{name}/" in resolved + "/" or f"/{name} " in resolved:
+            return f"{path} is inside a cloud-sync folder ({name})"
+    return None

@@ -19,7 +19,19 @@ from .core.errors import (
     StoreUnavailable,
     ValidationError,
 )
-from .core.model import ACTIVE, COMPLETED, EXPIRED, UNKNOWN_VERDICT, Claim, Now, State, Verdict
+from .core.explain import Explanation
+from .core.merge import MergePlan
+from .core.model import (
+    ACTIVE,
+    COMPLETED,
+    EXPIRED,
+    UNKNOWN_VERDICT,
+    Claim,
+    Identity,
+    Now,
+    State,
+    Verdict,
+)
 from .core.rules import Decision, Grant, SweepReport
 from .store.base import Event, EventPage, Store, VerifyReport
 from .system import Clock, Prober, SystemClock, SystemProber
@@ -117,7 +129,7 @@ class Registry:
         priority: int = 100,
         note: str | None = None,
         metadata: dict[str, Any] | None = None,
-        with_identity: bool = True,
+        process: bool | int = True,
         allow_parked: bool = False,
     ) -> tuple[str, Grant]:
         raw = secrets.token_urlsafe(24) if token is None else validate.token(token)
@@ -128,9 +140,18 @@ class Registry:
             priority=validate.priority(priority),
             note=validate.text("note", note),
             metadata=validate.json_value("metadata", metadata, mapping=True),
-            identity=self.prober.identity() if with_identity else None,
+            identity=self._identity(process),
         )
         return raw, grant
+
+    def _identity(self, process: bool | int) -> Identity | None:
+        if process is True:
+            return self.prober.identity()
+        if process is False:
+            return None
+        if isinstance(process, int) and process > 0:
+            return self.prober.identity_of(process)
+        raise ValidationError("process", "must be True, False or a positive PID", value=process)
 
     @staticmethod
     def _token(token: str | None) -> str:
@@ -152,12 +173,16 @@ class Registry:
         token: str | None = None,
         take_stale: bool = False,
         preempt: bool = False,
+        process: bool | int = True,
     ) -> Claim:
         """Claim ``task`` for ``owner`` for ``ttl`` seconds. Raises ClaimConflict when anyone
-        holds it live, TaskCompleted when it is done. The returned claim carries the token."""
+        holds it live, TaskCompleted when it is done. The returned claim carries the token.
+
+        ``process`` names the owner process whose death makes the claim stale before its lease
+        ends: True (default) this process, an int another PID, False none (lease only)."""
         task = validate.task(task)
         raw, grant = self._grant(owner, token, ttl, priority=priority, note=note,
-                                 metadata=metadata)
+                                 metadata=metadata, process=process)
 
         def decide(state: State, now: Now) -> Decision:
             current = state.claims.get(task)
@@ -258,7 +283,7 @@ class Registry:
     ) -> Claim:
         """Give the claim to ``to_owner`` with a new token and fence (returned on the claim)."""
         task, th = validate.task(task), self._token(token)
-        raw, grant = self._grant(to_owner, None, ttl, note=note, with_identity=False,
+        raw, grant = self._grant(to_owner, None, ttl, note=note, process=False,
                                  allow_parked=True)
         _, state = self._run(lambda s, now: rules.decide_handoff(s, task, th, grant, now))
         return self._mine(state, task, raw)
@@ -287,6 +312,44 @@ class Registry:
         assert isinstance(decision.result, SweepReport)
         return decision.result
 
+    def merge(self, other: str | os.PathLike[str] | Registry, *, actor: str = "merge") -> MergePlan:
+        """Merge another registry (a directory copied from another machine, or a Registry) into
+        this one. Idempotent; merging A into B and B into A yields the same claims."""
+        from .core.errors import AuditCorrupt
+        from .core.merge import plan_merge
+
+        who = validate.owner(actor, "actor")
+        source = other if isinstance(other, Registry) else Registry(
+            other, clock=self.clock, prober=self.prober, allow_unsafe_fs=True
+        )
+        report = source.verify()
+        if not report.ok:
+            raise AuditCorrupt(source.location, seq=report.seq or 0, offset=report.offset or 0,
+                               reason=f"refusing to merge a damaged registry: {report.error}")
+        theirs = source.store.read()
+        their_events = list(source.store.iter_events(0))
+        if source.location == self.location:
+            raise ValidationError("other", "is this same registry; nothing to merge")
+        plan_box: list[MergePlan] = []
+
+        def decide(state: State, now: Now) -> Decision:
+            ours = list(self.store.iter_events(0))
+            plan = plan_merge(state, ours, theirs, their_events, now,
+                              source=source.location, actor=who)
+            plan_box.append(plan)
+            return Decision(plan.events)
+
+        self._run(decide)
+        return plan_box[-1]
+
+    def explain(self, task: str) -> Explanation:
+        """Who holds ``task`` and why, from the audit log alone."""
+        from .core.explain import explain
+
+        task = validate.task(task)
+        return explain(task, [e for e in self.store.iter_events(0)
+                              if e.get("task") == task or e.get("type") == "registries_merged"])
+
     # --- reading -----------------------------------------------------------------------------
 
     def get(self, task: str) -> Claim | None:
@@ -309,7 +372,13 @@ class Registry:
         for claim in state.claims.values():
             if owner is not None and claim.owner != owner:
                 continue
-            if (claim.state == ACTIVE and not rules.lease_expired(claim, now)) or (claim.live and include_expired) or (claim.state == COMPLETED and include_completed) or (claim.state == "released" and include_released):
+            live = claim.state == ACTIVE and not rules.lease_expired(claim, now)
+            if (
+                live
+                or (claim.live and include_expired)
+                or (claim.state == COMPLETED and include_completed)
+                or (claim.state == "released" and include_released)
+            ):
                 found.append(claim)
         return found
 

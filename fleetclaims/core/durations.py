@@ -12,7 +12,7 @@ _PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 
 
 def parse_duration(text: str, field: str = "duration") -> float:
-    """Seconds in ``text``: a plain number of seconds or parts like ``1h30m``, ``90s``, ``250ms``."""
+    """Seconds in ``text``: plain seconds or parts like ``1h30m``, ``90s``, ``250ms``."""
     value = text.strip().lower()
     if not value:
         raise ValidationError(field, "is empty; write e.g. 90s, 10m or 2h")

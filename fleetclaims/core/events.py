@@ -72,11 +72,13 @@ _RETIRE_CAUSE = {
 }
 
 
-def event_id(event: dict[str, Any], origin: str) -> str:
-    """The identity of an event across registries: where it was first written, and its seq there."""
-    if "origin" in event and "oseq" in event:
-        return f"{event['origin']}:{event['oseq']}"
-    return f"{origin}:{event['seq']}"
+def event_id(event: dict[str, Any]) -> str:
+    """The identity of an event across registries: the hash it was first sealed with.
+
+    Content-addressed, so two copies of one registry (a laptop's copy, a USB stick) agree on
+    the identity of their shared history and differ on everything written since they parted.
+    """
+    return str(event.get("ohash") or event["hash"])
 
 
 def apply(state: State, event: dict[str, Any]) -> State:
@@ -87,10 +89,10 @@ def apply(state: State, event: dict[str, Any]) -> State:
     """
     kind = _str(event["type"])
     seq = _int(event["seq"])
-    if kind == REGISTRY_CREATED:
-        state.origin = _str(event["origin"])
-    elif event.get("imported"):
+    if event.get("imported"):
         pass  # history copied from another registry: its effect arrives in registries_merged
+    elif kind == REGISTRY_CREATED:
+        state.origin = _str(event["origin"])
     elif kind in (REGISTRIES_MERGED, REGISTRY_REBUILT):
         # Both may carry whole claim records: a merge's outcome, or claims that doctor --fix
         # salvaged from a snapshot that was ahead of a damaged journal.
@@ -107,7 +109,7 @@ def apply(state: State, event: dict[str, Any]) -> State:
 def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int) -> None:
     task = _str(event["task"])
     ts = _float(event["ts"])
-    eid = event_id(event, state.origin)
+    eid = event_id(event)
     current = state.claims.get(task)
     if kind in GRANTS:
         state.claims[task] = _granted(kind, event, current, ts, seq, eid)

@@ -35,11 +35,11 @@ def order_key(claim: Claim, stale: bool) -> OrderKey:
 def compare(a: Claim, a_stale: bool, b: Claim, b_stale: bool) -> tuple[int, str]:
     """(-1 if a wins, 1 if b wins, 0 if identical) and the name of the deciding rule."""
     ka, kb = order_key(a, a_stale), order_key(b, b_stale)
-    for index, (x, y) in enumerate(zip(ka, kb)):
-        if x != y:
-            rule = RULES[index] if index < len(RULES) else "fence"
-            return (-1 if x < y else 1), rule
-    return 0, "identical"
+    if ka == kb:
+        return 0, "identical"
+    index = next(i for i in range(len(ka)) if ka[i] != kb[i])
+    rule = RULES[index] if index < len(RULES) else "fence"
+    return (-1 if ka < kb else 1), rule
 
 
 def winner(candidates: list[tuple[Claim, bool]]) -> tuple[Claim, list[tuple[Claim, str]]]:

@@ -237,7 +237,9 @@ def decide_recover(
     return Decision((fields,))
 
 
-def holder_check(state: State, task: str, token_hash: str, now: Now) -> tuple[Claim | None, Decision]:
+def holder_check(
+    state: State, task: str, token_hash: str, now: Now
+) -> tuple[Claim | None, Decision]:
     """The caller's live claim, or the decision explaining why the caller does not hold the task.
 
     Returns (claim, empty decision) when ``token_hash`` holds the live, unexpired lease.
@@ -259,13 +261,14 @@ def holder_check(state: State, task: str, token_hash: str, now: Now) -> tuple[Cl
             return None, Decision((), TaskCompleted(
                 task, owner=current.owner, fence=current.fence, completed_at=current.ended_at
             ))
-        return None, Decision((), NotHolder(task, "your claim was released", fence=current.fence))
+        return None, Decision((), _retired_error(task, current, token_hash))
     return None, Decision((), _retired_error(task, current, token_hash))
 
 
 def _retired_error(task: str, current: Claim | None, token_hash: str) -> FleetclaimsError:
     if current is None:
-        return NotHolder(task, "nobody holds this task", hint=f"Claim it: `fleetclaims claim {task}`.")
+        return NotHolder(task, "nobody holds this task",
+                         hint=f"Claim it: `fleetclaims claim {task}`.")
     for old in current.retired:
         if old.token_hash != token_hash:
             continue

@@ -1,0 +1,784 @@
+"""The command line: argument parsing, output formatting and exit codes. No rules live here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+
+from .core.durations import format_duration, iso, parse_duration, parse_instant, relative
+from .core.errors import (
+    EXIT_CONFLICT,
+    EXIT_DAMAGED,
+    EXIT_ERROR,
+    EXIT_NOT_HOLDER,
+    EXIT_OK,
+    EXIT_USAGE,
+    FleetclaimsError,
+    ValidationError,
+)
+
+if TYPE_CHECKING:
+    from .api import Registry
+    from .core.model import Claim
+
+VERSION = "0.1.0"
+
+EPILOG = """\
+exit codes: 0 ok, 1 error, 2 usage, 3 conflict, 4 not holder / expired / superseded,
+            5 registry damaged
+registry:   --dir DIR or postgresql://URL; else FLEETCLAIMS_URL, FLEETCLAIMS_DIR, the git
+            repository's .cache/fleetclaims/, or the user state directory
+"""
+
+EXAMPLES: dict[str, str] = {
+    "claim": "fleetclaims claim issue-42 --owner agent-a --ttl 10m --note 'fixing the parser'",
+    "renew": "fleetclaims renew issue-42 --token $FLEETCLAIMS_TOKEN --ttl 10m",
+    "release": "fleetclaims release issue-42 --token $TOKEN\n  "
+    "fleetclaims release issue-42 --force --reason 'agent crashed, workspace wiped'",
+    "complete": "fleetclaims complete issue-42 --token $TOKEN --result '{\"pr\": 17}'",
+    "recover": "fleetclaims recover issue-42 --owner agent-b --reason 'agent-a died'",
+    "transition": "fleetclaims transition issue-42 --token $TOKEN --phase review  # parked",
+    "handoff": "fleetclaims handoff issue-42 --token $TOKEN --to agent-b --note 'your turn'",
+    "reopen": "fleetclaims reopen issue-42 --reason 'regression found'",
+    "show": "fleetclaims show issue-42 --json",
+    "list": "fleetclaims list --owner agent-a --all",
+    "stats": "fleetclaims stats",
+    "events": "fleetclaims events --after 120 --limit 50 --type claim_rejected",
+    "sweep": "fleetclaims sweep --dry-run",
+    "merge": "fleetclaims merge /media/usb/laptop-registry",
+    "explain": "fleetclaims explain issue-42",
+    "doctor": "fleetclaims doctor            # report only\n  fleetclaims doctor --fix      "
+    "# repair; damaged bytes go to quarantine/",
+    "audit": "fleetclaims audit --task issue-42 --since 2h\n  fleetclaims audit --follow --json\n"
+    "  fleetclaims audit verify\n  fleetclaims audit export --format csv > audit.csv\n"
+    "  fleetclaims audit report --html timeline.html",
+    "run": "fleetclaims run issue-42 --owner agent-a --ttl 5m -- make test",
+    "migrate": "fleetclaims migrate --from .cache/fleetclaims --to postgresql://me@db/claims",
+    "db": "fleetclaims db migrate --dir postgresql://me@db/claims",
+}
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+class Out:
+    def __init__(self, json_mode: bool, stream: TextIO | None = None) -> None:
+        self.json = json_mode
+        self.stream = stream or sys.stdout
+        self.color = (
+            not json_mode and self.stream.isatty() and not os.environ.get("NO_COLOR")
+            and os.environ.get("TERM") != "dumb"
+        )
+
+    def paint(self, text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
+
+    def line(self, text: str = "") -> None:
+        self.stream.write(text + "\n")
+
+    def doc(self, data: Any) -> None:
+        self.stream.write(json.dumps(data, ensure_ascii=False, sort_keys=False) + "\n")
+
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        if not rows:
+            return
+        widths = [len(h) for h in headers]
+        for row in rows:
+            for i, cell in enumerate(row):
+                widths[i] = max(widths[i], len(cell))
+        self.line(self.paint("  ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip(),
+                             "1"))
+        for row in rows:
+            self.line("  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip())
+
+
+def _err(out_json: bool, exc: FleetclaimsError) -> int:
+    if out_json:
+        sys.stdout.write(json.dumps(exc.to_dict(), ensure_ascii=False) + "\n")
+    sys.stderr.write(f"fleetclaims: {exc}\n")
+    return exc.exit_code
+
+
+def claim_doc(c: Claim, now: float) -> dict[str, Any]:
+    data = c.to_dict(with_token=True)
+    for key in ("boot_deadline", "deadline_boot", "retired", "eid"):
+        data.pop(key, None)
+    data["expires_in"] = None if c.expires_at is None else round(c.expires_at - now, 3)
+    return data
+
+
+def _claim_rows(claims: Sequence[Claim], now: float) -> list[list[str]]:
+    rows = []
+    for c in claims:
+        if c.state == "active":
+            exp = "parked" if c.expires_at is None else (
+                "expired " + relative(c.expires_at, now) if c.expires_at <= now
+                else "expires " + relative(c.expires_at, now))
+        else:
+            exp = c.state + " " + relative(c.ended_at, now)
+        rows.append([c.task, c.owner, str(c.fence), c.phase, c.state, exp, c.note or ""])
+    return rows
+
+
+# --- parser ------------------------------------------------------------------------------------
+
+
+def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    default = None if top else argparse.SUPPRESS
+    parser.add_argument("--dir", default=default, metavar="DIR|URL",
+                        help="registry directory or postgresql:// URL")
+    parser.add_argument("--json", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="machine-readable output (one JSON document; streams: one per line)")
+    parser.add_argument("--durability", choices=("full", "process"),
+                        default="full" if top else argparse.SUPPRESS,
+                        help="full: survive power loss (default); process: skip fsync")
+    parser.add_argument("--allow-unsafe-fs", action="store_true",
+                        default=False if top else argparse.SUPPRESS,
+                        help="allow network/FUSE/cloud-sync filesystems (locks may not work)")
+
+
+def _dur(field: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            return parse_duration(text, field)
+        except ValidationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"fleetclaims: {message}\nRun `{self.prog} --help` for usage.\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="fleetclaims",
+        description="Claim tasks under a lease, hand them over, complete them, and recover the "
+        "work of owners that died; every change goes to a hash-chained audit log.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"fleetclaims {VERSION}")
+    _common(parser, top=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text,
+                           epilog="example:\n  " + EXAMPLES.get(name, f"fleetclaims {name}"),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        _common(p, top=False)
+        return p
+
+    def token(p: argparse.ArgumentParser, required: bool = True) -> None:
+        p.add_argument("--token", default=None,
+                       help="the token from claim (default: $FLEETCLAIMS_TOKEN)")
+
+    p = add("claim", "claim a task under a lease")
+    p.add_argument("task")
+    p.add_argument("--owner", required=True, help="who claims it, e.g. agent-a")
+    p.add_argument("--ttl", type=_dur("ttl"), default=600.0, help="lease length (default 10m)")
+    p.add_argument("--note")
+    p.add_argument("--priority", type=int, default=100, help="lower wins duplicates (default 100)")
+    p.add_argument("--metadata", help="a JSON object stored with the claim")
+    p.add_argument("--token", help="choose the token yourself (makes retries idempotent)")
+    p.add_argument("--take-stale", action="store_true",
+                   help="take the task over if its claim is stale (expired or owner dead)")
+    p.add_argument("--preempt", action="store_true",
+                   help="take a live claim if this one wins the resolver order (priority)")
+    p.add_argument("--pid", type=int, default=None,
+                   help="the owner's process (e.g. $$ in a shell script): when it dies the claim "
+                   "is stale at once; without it the lease alone decides")
+
+    p = add("renew", "extend your lease")
+    p.add_argument("task")
+    token(p)
+    p.add_argument("--ttl", type=_dur("ttl"), help="new lease length (default: the claim's)")
+
+    p = add("release", "give a task up (or force-release someone else's claim)")
+    p.add_argument("task")
+    token(p)
+    p.add_argument("--force", action="store_true", help="release whoever holds it")
+    p.add_argument("--reason", help="required with --force")
+    p.add_argument("--actor", default=os.environ.get("USER", "operator"), help="who forces it")
+
+    p = add("complete", "mark a task done")
+    p.add_argument("task")
+    token(p)
+    p.add_argument("--result", help="JSON (or plain text) recorded with the completion")
+
+    p = add("recover", "take over a stale claim (expired lease or dead owner)")
+    p.add_argument("task")
+    p.add_argument("--owner", required=True)
+    p.add_argument("--reason", required=True)
+    p.add_argument("--ttl", type=_dur("ttl"), default=600.0)
+    p.add_argument("--note")
+
+    p = add("transition", "move your claim to another phase (without --ttl: parked, no expiry)")
+    p.add_argument("task")
+    token(p)
+    p.add_argument("--phase", required=True)
+    p.add_argument("--ttl", type=_dur("ttl"))
+
+    p = add("handoff", "hand your claim to another owner (new token, new fence)")
+    p.add_argument("task")
+    token(p)
+    p.add_argument("--to", required=True, dest="to_owner")
+    p.add_argument("--note")
+    p.add_argument("--ttl", type=_dur("ttl"))
+
+    p = add("reopen", "make a completed task claimable again")
+    p.add_argument("task")
+    p.add_argument("--reason", required=True)
+    p.add_argument("--actor", default=os.environ.get("USER", "operator"))
+
+    p = add("show", "show one task's claim")
+    p.add_argument("task")
+
+    p = add("list", "list claims (live ones by default)")
+    p.add_argument("--owner")
+    p.add_argument("--expired", action="store_true", help="include expired leases")
+    p.add_argument("--completed", action="store_true", help="include completed tasks")
+    p.add_argument("--all", action="store_true", help="include expired, completed and released")
+
+    add("stats", "counts of active, expired and completed claims, per owner")
+
+    p = add("events", "page through the audit events (see also: audit)")
+    p.add_argument("--after", type=int, default=0, help="cursor: the last seq already seen")
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--type", action="append", dest="types")
+    p.add_argument("--task")
+
+    p = add("sweep", "record lease_expired for expired leases and dead owners")
+    p.add_argument("--dry-run", action="store_true", help="report only")
+    p.add_argument("--actor", default="sweeper")
+
+    p = add("merge", "merge another registry directory into this one")
+    p.add_argument("other", help="the other registry directory")
+
+    p = add("explain", "who holds a task and why, from the audit log")
+    p.add_argument("task")
+
+    p = add("doctor", "check the registry files; repair with --fix (never deletes data)")
+    p.add_argument("--fix", action="store_true")
+
+    p = add("audit", "review the audit log: filter, follow, verify, export, report")
+    p.add_argument("action", nargs="?", choices=("list", "verify", "export", "report"),
+                   default="list")
+    p.add_argument("--task")
+    p.add_argument("--owner")
+    p.add_argument("--type", action="append", dest="types")
+    p.add_argument("--since", help="ISO time or age (10m, 2h, 1d)")
+    p.add_argument("--until", help="ISO time or age")
+    p.add_argument("--after", type=int, default=0, help="cursor: the last seq already seen")
+    p.add_argument("--limit", type=int, default=1000)
+    p.add_argument("--follow", "-f", action="store_true", help="stream new events as committed")
+    p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", help="export format")
+    p.add_argument("--html", metavar="FILE", help="report: write the HTML timeline here")
+    p.add_argument("--output", "-o", metavar="FILE", help="export: write here instead of stdout")
+
+    p = add("run", "claim a task, heartbeat while CMD runs, complete on exit 0, else release")
+    p.add_argument("task")
+    p.add_argument("--owner", required=True)
+    p.add_argument("--ttl", type=_dur("ttl"), default=300.0, help="lease length (default 5m)")
+    p.add_argument("--note")
+    p.add_argument("--take-stale", action="store_true")
+
+    p = add("migrate", "copy a registry (claims and the whole audit history) to another store")
+    p.add_argument("--from", dest="source", required=True)
+    p.add_argument("--to", dest="target", required=True)
+
+    p = add("db", "database maintenance (PostgreSQL)")
+    p.add_argument("action", choices=("migrate",))
+    p.add_argument("--schema", help="PostgreSQL schema name (default fleetclaims)")
+    return parser
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+
+def _registry(args: argparse.Namespace, **extra: Any) -> Registry:
+    from .api import Registry
+
+    return Registry(args.dir, durability=args.durability, allow_unsafe_fs=args.allow_unsafe_fs,
+                    **extra)
+
+
+def _token(args: argparse.Namespace) -> str:
+    tok = args.token or os.environ.get("FLEETCLAIMS_TOKEN")
+    if not tok:
+        raise ValidationError("token", "is required: pass --token or set FLEETCLAIMS_TOKEN")
+    return str(tok)
+
+
+def _json_arg(field: str, text: str | None, *, plain_ok: bool) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        if plain_ok:
+            return text
+        raise ValidationError(field, "is not valid JSON", value=text) from None
+
+
+def _show_claim(out: Out, c: Claim, verb: str) -> None:
+    now = time.time()
+    if out.json:
+        out.doc(claim_doc(c, now))
+        return
+    exp = "no expiry (parked)" if c.expires_at is None else (
+        f"expires {relative(c.expires_at, now)} ({iso(c.expires_at)})")
+    out.line(f"{out.paint(verb, '32')} {c.task} for {c.owner}: fence {c.fence}, phase {c.phase}, "
+             f"{exp}")
+    if c.token:
+        out.line(f"token: {c.token}")
+        out.line("keep it secret; pass it to renew/complete/release (or set FLEETCLAIMS_TOKEN)")
+
+
+def cmd_claim(args: argparse.Namespace, out: Out) -> int:
+    reg = _registry(args)
+    c = reg.claim(args.task, owner=args.owner, ttl=args.ttl, note=args.note,
+                  priority=args.priority, token=args.token,
+                  metadata=_json_arg("metadata", args.metadata, plain_ok=False),
+                  take_stale=args.take_stale, preempt=args.preempt,
+                  process=args.pid if args.pid is not None else False)
+    _show_claim(out, c, "claimed")
+    return EXIT_OK
+
+
+def cmd_renew(args: argparse.Namespace, out: Out) -> int:
+    c = _registry(args).renew(args.task, token=_token(args), ttl=args.ttl)
+    _show_claim(out, c, "renewed")
+    return EXIT_OK
+
+
+def cmd_release(args: argparse.Namespace, out: Out) -> int:
+    reg = _registry(args)
+    if args.force:
+        done = reg.release(args.task, force=True, reason=args.reason, actor=args.actor)
+    else:
+        done = reg.release(args.task, token=_token(args))
+    if out.json:
+        out.doc({"task": args.task, "released": done})
+    else:
+        out.line(f"released {args.task}" if done else
+                 f"nothing live to release for {args.task} (already released, expired or done)")
+    return EXIT_OK
+
+
+def cmd_complete(args: argparse.Namespace, out: Out) -> int:
+    c = _registry(args).complete(args.task, token=_token(args),
+                                 result=_json_arg("result", args.result, plain_ok=True))
+    _show_claim(out, c.with_token(None), "completed")
+    return EXIT_OK
+
+
+def cmd_recover(args: argparse.Namespace, out: Out) -> int:
+    c = _registry(args).recover(args.task, owner=args.owner, reason=args.reason, ttl=args.ttl,
+                                note=args.note)
+    _show_claim(out, c, "recovered")
+    return EXIT_OK
+
+
+def cmd_transition(args: argparse.Namespace, out: Out) -> int:
+    c = _registry(args).transition(args.task, token=_token(args), phase=args.phase, ttl=args.ttl)
+    _show_claim(out, c.with_token(None), "moved")
+    return EXIT_OK
+
+
+def cmd_handoff(args: argparse.Namespace, out: Out) -> int:
+    c = _registry(args).handoff(args.task, token=_token(args), to_owner=args.to_owner,
+                                note=args.note, ttl=args.ttl)
+    _show_claim(out, c, "handed off")
+    return EXIT_OK
+
+
+def cmd_reopen(args: argparse.Namespace, out: Out) -> int:
+    c = _registry(args).reopen(args.task, reason=args.reason, actor=args.actor)
+    if out.json:
+        out.doc({"task": args.task, "reopened": c is not None})
+    else:
+        out.line(f"reopened {args.task}" if c else f"{args.task} was not completed; nothing to do")
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace, out: Out) -> int:
+    reg = _registry(args)
+    c = reg.get(args.task)
+    now = time.time()
+    if c is None:
+        if out.json:
+            out.doc({"task": args.task, "claim": None})
+        else:
+            out.line(f"{args.task} has never been claimed")
+        return EXIT_OK
+    stale = reg.is_stale(c) if c.live else None
+    verdict = reg.verdict(c) if c.live else None
+    if out.json:
+        doc = claim_doc(c, now)
+        doc["stale"] = stale
+        doc["liveness"] = None if verdict is None else {"state": verdict.state,
+                                                        "reasons": list(verdict.reasons)}
+        out.doc(doc)
+        return EXIT_OK
+    rows = [
+        ("task", c.task), ("owner", c.owner), ("state", c.state), ("phase", c.phase),
+        ("fence", str(c.fence)), ("priority", str(c.priority)),
+        ("claimed", f"{relative(c.claimed_at, now)} ({iso(c.claimed_at)})"),
+        ("renewed", f"{relative(c.renewed_at, now)}"),
+        ("expires", "never (parked)" if c.expires_at is None
+         else f"{relative(c.expires_at, now)} ({iso(c.expires_at)})"),
+    ]
+    if c.note:
+        rows.append(("note", c.note))
+    if c.identity is not None:
+        rows.append(("process", f"pid {c.identity.pid} on {c.identity.host}"))
+    if verdict is not None:
+        rows.append(("owner is", f"{verdict.state} ({'; '.join(verdict.reasons)})"))
+    if stale:
+        rows.append(("stale", f"{stale}; take over with `fleetclaims recover {c.task} "
+                              "--owner YOU --reason ...`"))
+    if c.result is not None:
+        rows.append(("result", json.dumps(c.result)))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        out.line(f"{key.ljust(width)}  {value}")
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace, out: Out) -> int:
+    reg = _registry(args)
+    claims = reg.claims(owner=args.owner, include_expired=args.expired or args.all,
+                        include_completed=args.completed or args.all,
+                        include_released=args.all)
+    now = time.time()
+    if out.json:
+        out.doc([claim_doc(c, now) for c in claims])
+        return EXIT_OK
+    if not claims:
+        out.line("no claims" + ("" if args.all else " (use --all to include finished ones)"))
+        return EXIT_OK
+    out.table(["TASK", "OWNER", "FENCE", "PHASE", "STATE", "LEASE", "NOTE"],
+              _claim_rows(claims, now))
+    return EXIT_OK
+
+
+def cmd_stats(args: argparse.Namespace, out: Out) -> int:
+    s = _registry(args).stats()
+    if out.json:
+        out.doc({"active": s.active, "expired": s.expired, "completed": s.completed,
+                 "released": s.released, "seq": s.seq, "fence": s.fence,
+                 "per_owner": {o: vars(v) for o, v in s.per_owner.items()}})
+        return EXIT_OK
+    out.line(f"active {s.active}, expired {s.expired}, completed {s.completed}, "
+             f"released {s.released}; journal at seq {s.seq}, last fence {s.fence}")
+    out.table(["OWNER", "ACTIVE", "EXPIRED", "COMPLETED"],
+              [[o, str(v.active), str(v.expired), str(v.completed)]
+               for o, v in s.per_owner.items()])
+    return EXIT_OK
+
+
+def _event_detail(e: dict[str, Any]) -> str:
+    from .core.explain import describe
+
+    return describe(e)
+
+
+def _print_events(out: Out, events: Sequence[dict[str, Any]], header: bool = True) -> None:
+    if out.json:
+        for e in events:
+            out.doc(e)
+        return
+    rows = [[str(e["seq"]), iso(e.get("ts")), str(e.get("type")), str(e.get("task") or "-"),
+             _event_detail(e)] for e in events]
+    if header:
+        out.table(["SEQ", "TIME", "TYPE", "TASK", "WHAT"], rows)
+    else:
+        for row in rows:
+            out.line("  ".join(row))
+
+
+def cmd_events(args: argparse.Namespace, out: Out) -> int:
+    page = _registry(args).events(after=args.after, limit=args.limit, types=args.types,
+                                  task=args.task)
+    if out.json:
+        out.doc({"events": [e.data for e in page.events], "next_cursor": page.next_cursor,
+                 "more": page.more})
+        return EXIT_OK
+    _print_events(out, [e.data for e in page.events])
+    out.line(f"next cursor: --after {page.next_cursor}" + ("" if page.more else " (end)"))
+    return EXIT_OK
+
+
+def cmd_sweep(args: argparse.Namespace, out: Out) -> int:
+    report = _registry(args).sweep(dry_run=args.dry_run, actor=args.actor)
+    if out.json:
+        out.doc({"dry_run": args.dry_run, "found": [vars(i) for i in report.found]})
+        return EXIT_OK
+    if not report.found:
+        out.line("nothing stale")
+    verb = "would mark" if args.dry_run else "marked"
+    for item in report.found:
+        out.line(f"{verb} {item.task} ({item.owner}, fence {item.fence}) stale: {item.reason}")
+    return EXIT_OK
+
+
+def cmd_merge(args: argparse.Namespace, out: Out) -> int:
+    plan = _registry(args).merge(args.other)
+    if out.json:
+        out.doc({"imported": plan.imported, "changed": list(plan.changed),
+                 "conflicts": [c.to_dict() for c in plan.conflicts]})
+        return EXIT_OK
+    if not plan.events:
+        out.line("nothing new to merge")
+        return EXIT_OK
+    out.line(f"merged: {plan.imported} events imported, {len(plan.changed)} claims changed, "
+             f"{len(plan.conflicts)} conflicts")
+    for c in plan.conflicts:
+        out.line(f"  {c.task}: {c.winner} (fence {c.winner_fence}) wins over {c.loser} "
+                 f"(fence {c.loser_fence}) by {c.rule}")
+    return EXIT_OK
+
+
+def cmd_explain(args: argparse.Namespace, out: Out) -> int:
+    x = _registry(args).explain(args.task)
+    if out.json:
+        out.doc(x.to_dict())
+        return EXIT_OK
+    head = {"held": f"held by {x.holder} (fence {x.fence})", "free": "free",
+            "completed": "completed", "stale": f"stale (last holder {x.holder})"}.get(x.state,
+                                                                                      x.state)
+    out.line(f"{x.task}: {head}")
+    out.line(f"because: {x.why}")
+    if x.steps:
+        out.line("")
+        out.line("history:")
+        for s in x.steps:
+            out.line(f"  seq {s.seq:<6} {iso(s.ts)}  {s.text}")
+    return EXIT_OK
+
+
+def cmd_doctor(args: argparse.Namespace, out: Out) -> int:
+    from .doctor import check
+    from .location import is_url, resolve
+
+    location = resolve(args.dir)
+    if is_url(location):
+        raise ValidationError("--dir", "doctor checks file registries; use `audit verify` for "
+                                       "PostgreSQL")
+    report = check(location, fix=args.fix)
+    if out.json:
+        out.doc(report.to_dict())
+    else:
+        for f in report.findings:
+            mark = "fixed" if f.fixed else ("ok" if f.kind == "ok" else "PROBLEM")
+            out.line(f"[{mark}] {f.message}")
+        if report.ok:
+            out.line("registry is healthy" if not args.fix else "registry is healthy now")
+        elif not args.fix:
+            out.line("run `fleetclaims doctor --fix` to repair (damaged data goes to quarantine/)")
+    return EXIT_OK if report.ok else EXIT_DAMAGED
+
+
+def _audit_filters(args: argparse.Namespace) -> dict[str, Any]:
+    now = time.time()
+    return {
+        "types": args.types,
+        "task": args.task,
+        "owner": args.owner,
+        "since": None if args.since is None else parse_instant(args.since, now, "--since"),
+        "until": None if args.until is None else parse_instant(args.until, now, "--until"),
+    }
+
+
+def cmd_audit(args: argparse.Namespace, out: Out) -> int:
+    action = args.action
+    if action == "verify":
+        return _audit_verify(args, out)
+    reg = _registry(args)
+    filters = _audit_filters(args)
+    if action in ("export", "report"):
+        # A report needs the whole journal (a holding may start before --since); its filters
+        # choose what is drawn. An export is filtered like `audit`.
+        events = _all_events(reg, args.after, filters if action == "export" else {})
+        if action == "export":
+            from .report import to_csv, to_jsonl
+
+            text = to_csv(events) if args.format == "csv" else to_jsonl(events)
+            if args.output:
+                with open(args.output, "w", encoding="utf-8", newline="") as fh:
+                    fh.write(text)
+                sys.stderr.write(f"wrote {len(events)} events to {args.output}\n")
+            else:
+                sys.stdout.write(text)
+            return EXIT_OK
+        if not args.html:
+            raise ValidationError("--html", "is required: audit report --html FILE")
+        from .report import render_html
+
+        html = render_html(events, title=f"fleetclaims audit — {reg.location}",
+                           generated_at=time.time(),
+                           tasks=None if args.task is None else [args.task],
+                           since=filters["since"], until=filters["until"])
+        with open(args.html, "w", encoding="utf-8") as fh:
+            fh.write(html)
+        if out.json:
+            out.doc({"html": args.html, "events": len(events)})
+        else:
+            out.line(f"wrote {args.html} ({len(events)} events)")
+        return EXIT_OK
+    cursor = args.after
+    page = reg.events(after=cursor, limit=args.limit, **filters)
+    _print_events(out, [e.data for e in page.events], header=not args.follow)
+    if not args.follow:
+        if not out.json:
+            out.line(f"next cursor: --after {page.next_cursor}" + (
+                "" if page.more else " (end)"))
+        return EXIT_OK
+    cursor = page.next_cursor
+    try:
+        while True:
+            page = reg.events(after=cursor, limit=1000, **filters)
+            if page.events:
+                _print_events(out, [e.data for e in page.events], header=False)
+                out.stream.flush()
+            if page.next_cursor == cursor:
+                time.sleep(0.2)
+            cursor = page.next_cursor
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _all_events(reg: Registry, after: int, filters: dict[str, Any]) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    cursor = after
+    while True:
+        page = reg.events(after=cursor, limit=100_000, **filters)
+        events.extend(e.data for e in page.events)
+        if not page.more:
+            return events
+        cursor = page.next_cursor
+
+
+def _audit_verify(args: argparse.Namespace, out: Out) -> int:
+    reg = _registry(args)
+    show = sys.stderr.isatty() and not out.json
+
+    def progress(done: int, total: int) -> None:
+        if show and total:
+            sys.stderr.write(f"\rverifying {done * 100 // total:3d}% ({done}/{total} bytes)")
+            sys.stderr.flush()
+
+    started = time.perf_counter()
+    report = reg.store.verify(progress)
+    elapsed = time.perf_counter() - started
+    if show:
+        sys.stderr.write("\n")
+    if out.json:
+        doc = {"ok": report.ok, "events": report.events, "bytes": report.bytes,
+               "head": report.head, "error": report.error, "seq": report.seq,
+               "offset": report.offset, "snapshot_anchored": report.anchor_ok,
+               "torn_tail_bytes": report.torn_tail, "seconds": round(elapsed, 3)}
+        out.doc(doc)
+    elif report.ok:
+        anchor = {None: "no snapshot", True: "snapshot anchored",
+                  False: "SNAPSHOT NOT ANCHORED"}[report.anchor_ok]
+        out.line(f"ok: {report.events} events verified ({report.bytes} bytes, "
+                 f"{format_duration(elapsed)}), head {report.head[:16]}…, {anchor}")
+        if report.torn_tail:
+            out.line(f"note: {report.torn_tail} bytes of an incomplete last line (a writer died "
+                     "mid-append); the next write repairs it")
+    else:
+        out.line(out.paint("DAMAGED", "31;1") + f": first break at seq {report.seq}, byte "
+                 f"offset {report.offset}: {report.error}")
+        out.line("run `fleetclaims doctor --fix` to salvage the verified prefix "
+                 "(the rest goes to quarantine/)")
+    if not report.ok or report.anchor_ok is False:
+        return EXIT_DAMAGED
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace, out: Out) -> int:
+    from .runner import run_command
+
+    cmd = list(args.cmd or [])
+    if not cmd:
+        raise ValidationError("CMD", "is missing: fleetclaims run TASK --owner O -- CMD ARGS...")
+    return run_command(_registry(args), args.task, owner=args.owner, ttl=args.ttl,
+                       note=args.note, take_stale=args.take_stale, cmd=cmd, json_out=out.json)
+
+
+def cmd_migrate(args: argparse.Namespace, out: Out) -> int:
+    from .migrate import copy_registry
+
+    result = copy_registry(args.source, args.target)
+    if out.json:
+        out.doc(result if isinstance(result, dict) else {"ok": True})
+    else:
+        out.line(f"copied {args.source} -> {args.target}: {result}")
+    return EXIT_OK
+
+
+def cmd_db(args: argparse.Namespace, out: Out) -> int:
+    reg = _registry(args, schema=args.schema)
+    migrate = getattr(reg.store, "migrate_schema", None)
+    if migrate is None:
+        raise ValidationError("--dir", "db migrate needs a postgresql:// registry")
+    version = migrate()
+    if out.json:
+        out.doc({"schema_version": version})
+    else:
+        out.line(f"schema at version {version}")
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Out], int]] = {
+    "claim": cmd_claim, "renew": cmd_renew, "release": cmd_release, "complete": cmd_complete,
+    "recover": cmd_recover, "transition": cmd_transition, "handoff": cmd_handoff,
+    "reopen": cmd_reopen, "show": cmd_show, "list": cmd_list, "stats": cmd_stats,
+    "events": cmd_events, "sweep": cmd_sweep, "merge": cmd_merge, "explain": cmd_explain,
+    "doctor": cmd_doctor, "audit": cmd_audit, "run": cmd_run, "migrate": cmd_migrate,
+    "db": cmd_db,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first "--" is the command of `run`, never options of ours.
+    cmd: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, cmd = argv[:cut], argv[cut + 1 :]
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors, as a return value
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    args.cmd = cmd
+    if not args.command:
+        parser.print_help()
+        return EXIT_USAGE
+    out = Out(bool(args.json))
+    try:
+        return COMMANDS[args.command](args, out)
+    except FleetclaimsError as exc:
+        return _err(out.json, exc)
+    except KeyboardInterrupt:
+        sys.stderr.write("fleetclaims: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except OSError as exc:
+        sys.stderr.write(f"fleetclaims: {exc}\nCheck the path and permissions, then retry.\n")
+        return EXIT_ERROR
+
+
+__all__ = ["EXIT_CONFLICT", "EXIT_NOT_HOLDER", "build_parser", "main"]

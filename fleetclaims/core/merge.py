@@ -1,0 +1,141 @@
+"""Merging another registry's history into this one (offline laptops, shared folders, git).
+
+Journals are joined by event identity (the hash an event was first sealed with): events
+of the other registry we have not seen are appended as imported history. Claims are joined per
+task: when one side has already seen the other's latest event for a task, it is newer and wins;
+otherwise the two grants are concurrent and the resolver settles them, the same way whichever
+side merges into which. Losers that still believe they hold the task are marked superseded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from . import events as ev
+from .model import COMPLETED, EXPIRED, RELEASED, RETIRED_KEPT, Claim, Now, Retired, State
+from .resolver import compare
+from .rules import lease_expired
+
+_SKIP_ON_IMPORT = ("seq", "prev", "hash", "ohash")
+
+
+@dataclass(frozen=True)
+class Conflict:
+    task: str
+    winner: str
+    winner_fence: int
+    loser: str
+    loser_fence: int
+    rule: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "winner": self.winner, "winner_fence": self.winner_fence,
+                "loser": self.loser, "loser_fence": self.loser_fence, "rule": self.rule}
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    events: tuple[dict[str, Any], ...]
+    imported: int
+    changed: tuple[str, ...]
+    conflicts: tuple[Conflict, ...]
+
+
+def ids_of(events: list[dict[str, Any]]) -> set[str]:
+    return {ev.event_id(e) for e in events}
+
+
+def _stale(claim: Claim, now: Now) -> bool:
+    return claim.state == EXPIRED or lease_expired(claim, now)
+
+
+def _rank(claim: Claim) -> int:
+    # Finished work beats a holder, a holder beats a released claim.
+    return 0 if claim.state == COMPLETED else (2 if claim.state == RELEASED else 1)
+
+
+def _union_retired(*lists: tuple[Retired, ...]) -> tuple[Retired, ...]:
+    seen: dict[str, Retired] = {}
+    for retired in lists:
+        for item in retired:
+            seen.setdefault(item.token_hash, item)
+    ordered = sorted(seen.values(), key=lambda r: (r.fence, r.token_hash.encode()))
+    return tuple(ordered[-RETIRED_KEPT:])
+
+
+def plan_merge(
+    ours: State,
+    our_events: list[dict[str, Any]],
+    theirs: State,
+    their_events: list[dict[str, Any]],
+    now: Now,
+    *,
+    source: str,
+    actor: str,
+) -> MergePlan:
+    """The events that merge ``theirs`` into ``ours`` (empty when there is nothing new)."""
+    our_ids = ids_of(our_events)
+    their_ids = ids_of(their_events)
+    new_events: list[dict[str, Any]] = []
+    for event in their_events:
+        eid = ev.event_id(event)
+        if eid in our_ids:
+            continue
+        fields = {k: v for k, v in event.items() if k not in _SKIP_ON_IMPORT}
+        fields["ots"] = fields.pop("ts", None)
+        fields.update(imported=True, ohash=eid)
+        new_events.append(fields)
+
+    merged: list[dict[str, Any]] = []
+    superseded: list[dict[str, Any]] = []
+    conflicts: list[Conflict] = []
+    changed: list[str] = []
+    for task in sorted(set(ours.claims.tasks()) | set(theirs.claims.tasks())):
+        a, b = ours.claims.get(task), theirs.claims.get(task)
+        if b is None or (a is not None and (a.eid == b.eid or b.eid in our_ids)):
+            continue  # nothing new from them for this task
+        if a is None or a.eid in their_ids:
+            changed.append(task)
+            merged.append(replace(b, retired=_union_retired(
+                b.retired, () if a is None else a.retired)).to_dict())
+            continue
+        # Concurrent histories: settle by rank, then by the resolver order.
+        if _rank(a) != _rank(b):
+            win, lose = (a, b) if _rank(a) < _rank(b) else (b, a)
+            rule = "completed before held before released"
+        else:
+            order, rule = compare(a, _stale(a, now), b, _stale(b, now))
+            win, lose = (a, b) if order <= 0 else (b, a)
+        extra: tuple[Retired, ...] = ()
+        if lose.live:
+            conflicts.append(Conflict(task, win.owner, win.fence, lose.owner, lose.fence, rule))
+            extra = (Retired(lose.token_hash, lose.fence, lose.owner, "superseded", by=win.owner,
+                             rule=rule, at=now.wall, expired_at=lose.expires_at),)
+            superseded.append({
+                "type": ev.CLAIM_SUPERSEDED, "task": task, "actor": actor, "owner": win.owner,
+                "fence": win.fence, "winner": win.owner, "loser": lose.owner,
+                "loser_fence": lose.fence, "loser_token_hash": lose.token_hash, "rule": rule,
+            })
+        record = replace(win, retired=_union_retired(win.retired, lose.retired, extra))
+        if record != a:
+            changed.append(task)
+            merged.append(record.to_dict())
+
+    # Another registry's merge bookkeeping alone is no reason to write: without this rule two
+    # registries merging back and forth would record each other's merge events forever.
+    if not merged and all(e.get("type") == ev.REGISTRIES_MERGED for e in new_events):
+        return MergePlan((), 0, (), ())
+    summary = {
+        "type": ev.REGISTRIES_MERGED,
+        "actor": actor,
+        "source": source,
+        "source_origin": theirs.origin,
+        "imported_events": len(new_events),
+        "claims": merged,
+        "fence_floor": max(ours.fence, theirs.fence),
+        "conflicts": [c.to_dict() for c in conflicts],
+    }
+    return MergePlan(
+        (*new_events, summary, *superseded), len(new_events), tuple(changed), tuple(conflicts)
+    )

@@ -1,0 +1,274 @@
+"""The command line, in-process and through real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetclaims import Registry
+from fleetclaims.cli import COMMANDS, build_parser, main
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli(directory: Path, *args: str, env: dict[str, str] | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    full_env = dict(os.environ)
+    full_env.pop("FLEETCLAIMS_TOKEN", None)
+    full_env.update(env or {})
+    full_env["FLEETCLAIMS_DIR"] = str(directory)
+    return subprocess.run([sys.executable, "-m", "fleetclaims", *args], capture_output=True,
+                          text=True, env=full_env, timeout=timeout, check=False)
+
+
+def test_claim_conflict_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """claim prints a token; a second claim exits 3 with holder and advice; --json is one doc."""
+    d = str(tmp_path / "r")
+    code, out, _ = run_cli(["claim", "t1", "--owner", "agent-a", "--dir", d, "--json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["owner"] == "agent-a" and doc["fence"] == 1 and doc["token"]
+    code, out, err = run_cli(["--dir", d, "claim", "t1", "--owner", "agent-b"], capsys)
+    assert code == 3
+    assert "agent-a" in err and "Wait for the holder" in err
+    code, out, err = run_cli(["claim", "t1", "--owner", "agent-b", "--dir", d, "--json"], capsys)
+    assert code == 3 and json.loads(out)["error"] == "conflict"
+    assert json.loads(out)["holder"] == "agent-a"
+
+
+def test_token_lifecycle(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """renew/transition/complete with the token (flag or env); wrong token exits 4."""
+    d = str(tmp_path / "r")
+    _, out, _ = run_cli(["claim", "t1", "--owner", "a", "--dir", d, "--json", "--ttl", "90s"],
+                        capsys)
+    token = json.loads(out)["token"]
+    assert json.loads(out)["ttl"] == 90
+    assert run_cli(["renew", "t1", "--token", token, "--ttl", "2h", "--dir", d], capsys)[0] == 0
+    assert run_cli(["renew", "t1", "--token", "x" * 20, "--dir", d], capsys)[0] == 4
+    monkeypatch.setenv("FLEETCLAIMS_TOKEN", token)
+    assert run_cli(["transition", "t1", "--phase", "review", "--dir", d], capsys)[0] == 0
+    code, out, _ = run_cli(["complete", "t1", "--result", '{"pr": 3}', "--dir", d, "--json"],
+                           capsys)
+    assert code == 0 and json.loads(out)["result"] == {"pr": 3}
+    code, _, err = run_cli(["claim", "t1", "--owner", "b", "--dir", d], capsys)
+    assert code == 3 and "reopen" in err
+
+
+def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad arguments exit 2 with a message saying what to do."""
+    d = str(tmp_path / "r")
+    assert run_cli(["claim", "t1", "--dir", d], capsys)[0] == 2  # --owner missing
+    code, _, err = run_cli(["claim", "bad task", "--owner", "a", "--dir", d], capsys)
+    assert code == 2 and "invalid task" in err
+    code, _, err = run_cli(["claim", "t", "--owner", "a", "--ttl", "soon", "--dir", d], capsys)
+    assert code == 2 and "90s" in err
+    assert run_cli(["renew", "t", "--dir", d], capsys)[0] == 2  # no token anywhere
+
+
+def test_list_show_stats_events(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Human tables with relative times; JSON documents with the same data."""
+    d = str(tmp_path / "r")
+    run_cli(["claim", "alpha", "--owner", "a", "--dir", d, "--note", "first"], capsys)
+    run_cli(["claim", "beta", "--owner", "b", "--dir", d, "--ttl", "1h"], capsys)
+    code, out, _ = run_cli(["list", "--dir", d], capsys)
+    assert code == 0 and "TASK" in out and "expires in 59m" in out and "first" in out
+    assert "\x1b[" not in out  # no colour when not a TTY
+    _, out, _ = run_cli(["list", "--dir", d, "--json"], capsys)
+    assert [c["task"] for c in json.loads(out)] == ["alpha", "beta"]
+    _, out, _ = run_cli(["show", "alpha", "--dir", d], capsys)
+    assert "owner" in out and "a" in out and "lease" not in out.split("\n")[0]
+    _, out, _ = run_cli(["stats", "--dir", d, "--json"], capsys)
+    assert json.loads(out)["active"] == 2
+    _, out, _ = run_cli(["events", "--dir", d, "--json", "--limit", "2"], capsys)
+    page = json.loads(out)
+    assert [e["seq"] for e in page["events"]] == [1, 2] and page["more"] is True
+
+
+def test_audit_verify_detects_tampering(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """audit verify: ok on a clean log; a tampered byte, a deleted line and a truncated file are
+    reported by seq and offset with exit 5 (truncation mid-line is a repairable torn tail)."""
+    d = tmp_path / "r"
+    reg = Registry(d)
+    for i in range(5):
+        c = reg.claim(f"t{i}", owner="a")
+        reg.complete(c.task, token=c.token or "")
+    reg.close()
+    assert run_cli(["audit", "verify", "--dir", str(d)], capsys)[0] == 0
+    journal = d / "audit.jsonl"
+    clean = journal.read_bytes()
+    lines = clean.split(b"\n")
+    # a tampered byte in line 4
+    tampered = bytearray(clean)
+    pos = len(b"\n".join(lines[:3])) + 40
+    tampered[pos] = ord("X") if tampered[pos] != ord("X") else ord("Y")
+    journal.write_bytes(bytes(tampered))
+    code, out, _ = run_cli(["audit", "verify", "--dir", str(d), "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 5 and doc["ok"] is False and doc["seq"] == 4
+    assert doc["offset"] == len(b"\n".join(lines[:3])) + 1
+    # a deleted line
+    journal.write_bytes(b"\n".join(lines[:5] + lines[6:]))
+    code, out, _ = run_cli(["audit", "verify", "--dir", str(d), "--json"], capsys)
+    assert code == 5 and json.loads(out)["seq"] == 6
+    # a truncated file (cut mid-line): the verified prefix is fine, the torn tail is reported
+    journal.write_bytes(clean[: len(clean) - 30])
+    code, out, _ = run_cli(["audit", "verify", "--dir", str(d), "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["torn_tail_bytes"] > 0 and doc["events"] == 10
+
+
+def test_audit_filters_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """audit filters by task, owner and type; export writes CSV and JSONL."""
+    d = str(tmp_path / "r")
+    reg = Registry(d)
+    a = reg.claim("t1", owner="alice")
+    reg.claim("t2", owner="bob")
+    reg.complete("t1", token=a.token or "")
+    code, out, _ = run_cli(["audit", "--dir", d, "--owner", "alice", "--json"], capsys)
+    events = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [e["type"] for e in events] == ["claim_created", "claim_completed"]
+    _, out, _ = run_cli(["audit", "--dir", d, "--type", "claim_created", "--since", "1h"], capsys)
+    assert "t1" in out and "t2" in out and "claim_completed" not in out
+    _, out, _ = run_cli(["audit", "export", "--format", "csv", "--dir", d], capsys)
+    assert out.splitlines()[0].startswith("seq,")
+    assert len(out.strip().splitlines()) == 5  # header + 4 events
+    _, out, _ = run_cli(["audit", "export", "--format", "jsonl", "--dir", d], capsys)
+    assert [json.loads(line)["seq"] for line in out.splitlines()] == [1, 2, 3, 4]
+
+
+def test_explain_and_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """explain tells the story from the log; sweep marks a dead owner's claim stale."""
+    d = str(tmp_path / "r")
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    run_cli(["claim", "t1", "--owner", "ghost", "--pid", str(child.pid), "--dir", d], capsys)
+    child.wait()
+    code, out, _ = run_cli(["sweep", "--dry-run", "--dir", d], capsys)
+    assert code == 0 and "would mark t1" in out and "no longer exists" in out
+    code, out, _ = run_cli(["sweep", "--dir", d], capsys)
+    assert "marked t1" in out
+    run_cli(["claim", "t1", "--owner", "b", "--take-stale", "--dir", d], capsys)
+    code, out, _ = run_cli(["explain", "t1", "--dir", d], capsys)
+    assert code == 0 and "held by b" in out and "took it over from ghost" in out
+
+
+def test_every_library_operation_has_a_subcommand() -> None:
+    """The CLI and the library expose the same operations, so they cannot drift."""
+    library = {"claim", "renew", "release", "complete", "recover", "transition", "handoff",
+               "reopen", "get", "claims", "stats", "events", "sweep", "merge", "explain",
+               "verify", "hold"}
+    names = {"get": "show", "claims": "list", "verify": "audit", "hold": "run"}
+    assert {names.get(op, op) for op in library} <= set(COMMANDS)
+    for op in library:
+        assert callable(getattr(Registry, op))
+    parser = build_parser()
+    assert parser.prog == "fleetclaims"
+
+
+def test_help_has_examples() -> None:
+    """Every subcommand's --help shows an example."""
+    for name in COMMANDS:
+        proc = subprocess.run([sys.executable, "-m", "fleetclaims", name, "--help"],
+                              capture_output=True, text=True, check=False)
+        assert proc.returncode == 0 and "example" in proc.stdout, name
+
+
+def test_subprocess_version_and_exit_codes(tmp_path: Path) -> None:
+    """The installed entry point: --version, and exit codes across real processes."""
+    d = tmp_path / "r"
+    assert cli(d, "--version").stdout.startswith("fleetclaims ")
+    first = cli(d, "claim", "t", "--owner", "a", "--json")
+    assert first.returncode == 0
+    token = json.loads(first.stdout)["token"]
+    assert cli(d, "claim", "t", "--owner", "b").returncode == 3
+    assert cli(d, "release", "t", "--token", "y" * 24).returncode == 4
+    assert cli(d, "release", "t", env={"FLEETCLAIMS_TOKEN": token}).returncode == 0
+    (d / "audit.jsonl").write_bytes(b"garbage\n" + (d / "audit.jsonl").read_bytes())
+    damaged = cli(d, "list")
+    assert damaged.returncode == 5 and "doctor" in damaged.stderr
+
+
+def test_run_success_completes(tmp_path: Path) -> None:
+    """run: the command sees the claim in its environment; exit 0 completes the task."""
+    d = tmp_path / "r"
+    proc = cli(d, "run", "t", "--owner", "a", "--", sys.executable, "-c",
+               "import os; print(os.environ['FLEETCLAIMS_TASK'], os.environ['FLEETCLAIMS_FENCE'],"
+               " len(os.environ['FLEETCLAIMS_TOKEN']))")
+    assert proc.returncode == 0
+    assert proc.stdout.split()[:2] == ["t", "1"]
+    assert Registry(d).get("t").state == "completed"  # type: ignore[union-attr]
+
+
+def test_run_failure_releases_and_passes_code(tmp_path: Path) -> None:
+    """run: a failing command's exit code passes through and the claim is released."""
+    d = tmp_path / "r"
+    proc = cli(d, "run", "t", "--owner", "a", "--", sys.executable, "-c", "raise SystemExit(7)")
+    assert proc.returncode == 7
+    assert Registry(d).get("t").state == "released"  # type: ignore[union-attr]
+
+
+def test_run_forwards_sigterm(tmp_path: Path) -> None:
+    """run: SIGTERM to fleetclaims reaches the command; the claim is released."""
+    d = tmp_path / "r"
+    env = dict(os.environ, FLEETCLAIMS_DIR=str(d))
+    script = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
+              "print('ready', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "fleetclaims", "run", "t", "--owner", "a",
+                             "--", sys.executable, "-c", script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 42
+    proc.stdout.close()
+    proc.stderr.close()  # type: ignore[union-attr]
+    assert Registry(d).get("t").state == "released"  # type: ignore[union-attr]
+
+
+def test_run_interrupted_with_sigint(tmp_path: Path) -> None:
+    """run: Ctrl-C (SIGINT) is forwarded; the command's own exit status is returned."""
+    d = tmp_path / "r"
+    env = dict(os.environ, FLEETCLAIMS_DIR=str(d))
+    script = "import time\nprint('ready', flush=True)\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-m", "fleetclaims", "run", "t", "--owner", "a",
+                             "--", sys.executable, "-c", script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(30)
+    proc.stdout.close()
+    proc.stderr.close()  # type: ignore[union-attr]
+    assert code == 128 + signal.SIGINT  # the command died of SIGINT; run reports it as a shell does
+    assert Registry(d).get("t").state == "released"  # type: ignore[union-attr]
+
+
+def test_run_lease_lost(tmp_path: Path) -> None:
+    """run: when the lease is lost (force-released by an operator), run says so loudly, stops
+    the command and exits 4."""
+    d = tmp_path / "r"
+    env = dict(os.environ, FLEETCLAIMS_DIR=str(d))
+    script = "import time\nprint('ready', flush=True)\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-m", "fleetclaims", "run", "t", "--owner", "a",
+                             "--ttl", "3s", "--", sys.executable, "-c", script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    Registry(d).release("t", force=True, reason="operator took it back")
+    started = time.monotonic()
+    code = proc.wait(30)
+    assert code == 4 and time.monotonic() - started < 10
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    proc.stderr.close()
+    proc.stdout.close()
+    assert "LEASE LOST" in err and "operator took it back" in err

@@ -11,7 +11,7 @@ from fleetclaims import Registry
 from fleetclaims.store.memory import MemoryStore
 from fleetclaims.testing import FakeClock, FakeProber
 
-STORES = ["file", "memory"]
+STORES = ["file", "memory", "postgres"]
 
 
 @pytest.fixture
@@ -65,3 +65,6 @@ def file_registry(tmp_path: Path, clock: FakeClock, prober: FakeProber) -> Itera
     reg = Registry(tmp_path / "reg", clock=clock, prober=prober)
     yield reg
     reg.close()
+
+# The throwaway PostgreSQL server (session fixtures `pg_server`, `postgres_url`).
+from pg_server import pg_server, postgres_url  # noqa: E402, F401

@@ -1,0 +1,141 @@
+"""Copy a whole registry between stores: a directory and PostgreSQL, either way.
+
+The journal is copied line by line, byte for byte: every sealed line keeps its seq, timestamp,
+fence and hash, so the hash chain of the copy is the chain of the original and ``audit verify``
+reports the same head on both sides. The target rebuilds its claims by applying the copied
+events (the same ``core.events.apply`` both stores use) and must be empty beforehand.
+
+Stop the writers of the source while migrating: events written to the source after the copy
+started are not copied (the copy is the journal as it stood when it began).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .core.errors import AuditCorrupt, RegistryCorrupt
+from .location import is_url, resolve
+from .store.base import VerifyReport
+
+__all__ = ["MigrationReport", "copy_registry", "read_journal_lines"]
+
+
+@dataclass(frozen=True)
+class MigrationReport:
+    source: str
+    target: str
+    events: int
+    head: str
+    claims: int
+    verify: VerifyReport
+
+
+def read_journal_lines(location: str, *, schema: str | None = None) -> Iterator[bytes]:
+    """The committed, sealed journal lines of a registry (each ending in a newline), checked
+    against the hash chain as they are read; stops at the journal's end when the read began."""
+    from .core.chain import GENESIS
+    from .store.journal import parse_line
+
+    if is_url(location):
+        from .store.postgres import PostgresStore
+
+        store = PostgresStore(location, schema=schema)
+        try:
+            end = store.read().seq
+            for seq, text in store.iter_lines(0):
+                if seq > end:
+                    break
+                yield text.encode() + b"\n"
+        finally:
+            store.close()
+        return
+    from .store import fsutil
+    from .store.journal import iter_lines
+
+    journal = Path(location) / "audit.jsonl"
+    path = str(journal)
+    try:
+        fd = fsutil.open_file(journal, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        end = os.fstat(fd).st_size
+        seq, prev = 0, GENESIS
+        for offset, line, complete in iter_lines(fd, 0, end):
+            if not complete:
+                break  # a torn tail was never acknowledged
+            event = parse_line(line, seq=seq + 1, prev=prev, offset=offset, path=path)
+            seq, prev = event["seq"], event["hash"]
+            yield line + b"\n"
+    finally:
+        os.close(fd)
+
+
+def _claims(location: str, schema: str | None) -> tuple[int, str, dict[str, Any]]:
+    store = _open(location, schema)
+    try:
+        state = store.read()
+        return state.seq, state.head, {c.task: c.to_dict() for c in state.claims.values()}
+    finally:
+        store.close()
+
+
+def _open(location: str, schema: str | None) -> Any:
+    from .system import SystemClock
+
+    if is_url(location):
+        from .store.postgres import PostgresStore
+
+        return PostgresStore(location, clock=SystemClock(), schema=schema)
+    from .store.file import FileStore
+
+    return FileStore(location, clock=SystemClock())
+
+
+def copy_registry(
+    src_location: str | os.PathLike[str],
+    dst_location: str | os.PathLike[str],
+    *,
+    src_schema: str | None = None,
+    dst_schema: str | None = None,
+) -> MigrationReport:
+    """Copy the registry at ``src_location`` (a directory or ``postgresql://`` URL) into the
+    empty registry at ``dst_location``: the whole journal with its seq numbers, hashes and
+    fences, then the claims rebuilt from it. Checks afterwards that the target verifies, ends at
+    the same head and holds equal claims; raises RegistryCorrupt otherwise."""
+    src = resolve(src_location)
+    dst = resolve(dst_location)
+    if src == dst and src_schema == dst_schema:
+        raise RegistryCorrupt(dst, "source and target are the same registry")
+    lines = read_journal_lines(src, schema=src_schema)
+    target = _open(dst, dst_schema)
+    try:
+        if is_url(dst):
+            target.import_lines(lines)
+        else:
+            target.import_events(list(lines))
+        report: VerifyReport = target.verify()
+        dst_shown = target.location
+    finally:
+        target.close()
+    src_seq, src_head, src_claims = _claims(src, src_schema)
+    dst_seq, dst_head, dst_claims = _claims(dst, dst_schema)
+    if not report.ok or report.head != dst_head:
+        raise AuditCorrupt(dst_shown, seq=report.seq or 0, offset=report.offset or 0,
+                           reason=f"the copied journal does not verify: {report.error}")
+    if (dst_seq, dst_head) != (src_seq, src_head):
+        raise RegistryCorrupt(
+            dst_shown,
+            f"the copy ends at seq {dst_seq} but the source at seq {src_seq} (was the source "
+            "written to while migrating?)",
+            hint="Stop the writers of the source and migrate into an empty target again.",
+        )
+    if dst_claims != src_claims:
+        differ = sorted(t for t in {*src_claims, *dst_claims}
+                        if src_claims.get(t) != dst_claims.get(t))
+        raise RegistryCorrupt(dst_shown, f"claims differ after the copy: {differ[:5]}")
+    return MigrationReport(src, dst_shown, report.events, report.head, len(dst_claims), report)

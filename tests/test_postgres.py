@@ -1,0 +1,517 @@
+"""The PostgreSQL store: operations, concurrency, migration, failures, schema isolation.
+
+Every test runs on the session's throwaway server (``postgres_url``) in a schema of its own,
+except the restart tests, which start (and kill) a server of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from oracle import check, operations
+from pg_server import PgServer, start_server
+
+from fleetclaims import (
+    ClaimConflict,
+    Identity,
+    LeaseExpired,
+    NotHolder,
+    Registry,
+    RegistryBusy,
+    RegistryCorrupt,
+    StoreUnavailable,
+    TaskCompleted,
+    Verdict,
+)
+from fleetclaims.core import events as ev
+from fleetclaims.core.liveness import LocalFacts, decide_liveness
+from fleetclaims.core.model import State
+from fleetclaims.migrate import copy_registry
+from fleetclaims.store import faults
+from fleetclaims.store.postgres import PostgresStore, parse_location
+
+pytestmark = pytest.mark.postgres
+CTX = multiprocessing.get_context("spawn")
+
+
+def _schema() -> str:
+    return "t_" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def pg(postgres_url: str) -> str:
+    """A URL naming a fresh schema of its own."""
+    return f"{postgres_url}?schema={_schema()}"
+
+
+@pytest.fixture
+def own_server() -> Iterator[PgServer]:
+    server = start_server()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+class HostProber:
+    """Poses as a process on machine ``host``: owners on other hosts are "unknown"."""
+
+    def __init__(self, host: str) -> None:
+        self.facts = LocalFacts(host=host, machine=f"machine-{host}", boot=f"boot-{host}",
+                                pidns="pidns:1")
+
+    def identity(self) -> Identity:
+        return Identity(host=self.facts.host, machine=self.facts.machine, boot=self.facts.boot,
+                        pidns=self.facts.pidns, pid=os.getpid(), start=1)
+
+    def verdict(self, identity: Identity | None) -> Verdict:
+        return decide_liveness(identity, self.facts, None)
+
+
+def _events(reg: Registry) -> list[dict[str, Any]]:
+    return list(reg.store.iter_events(0))
+
+
+def _replay(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    state = State()
+    for event in events:
+        ev.apply(state, event)
+    return {c.task: c.to_dict() for c in state.claims.values()}
+
+
+def _claims(reg: Registry) -> dict[str, dict[str, Any]]:
+    return {c.task: c.to_dict() for c in reg.store.read().claims.values()}
+
+
+# --- operations ------------------------------------------------------------------------------
+
+
+def test_claim_conflict_renew_release_complete(pg: str) -> None:
+    """The basic life of a claim on PostgreSQL, recorded in a verifiable journal."""
+    with Registry(pg) as a, Registry(pg) as b:
+        c = a.claim("t1", owner="alice", ttl=60, note="n", metadata={"k": [1, 2.5]})
+        with pytest.raises(ClaimConflict) as conflict:
+            b.claim("t1", owner="bob")
+        assert conflict.value.holder == "alice" and conflict.value.fence == c.fence
+        renewed = a.renew("t1", token=c.token or "", ttl=120)
+        assert renewed.expires_at is not None and c.expires_at is not None
+        assert renewed.expires_at > c.expires_at
+        assert a.release("t1", token=c.token or "") is True
+        c2 = b.claim("t1", owner="bob")
+        assert c2.fence > c.fence
+        done = b.complete("t1", token=c2.token or "", result={"ok": True})
+        assert done.state == "completed" and done.result == {"ok": True}
+        with pytest.raises(TaskCompleted):
+            a.claim("t1", owner="alice")
+        assert a.get("t1") == done.with_token(None)
+        assert [x.task for x in a.claims(include_completed=True)] == ["t1"]
+        report = a.verify()
+        assert report.ok and report.anchor_ok and report.events == a.stats().seq
+        kinds = [e["type"] for e in _events(a)]
+        assert kinds[0] == "registry_created" and "claim_rejected" in kinds
+        assert _replay(_events(a)) == _claims(a)
+
+
+def test_recover_after_expiry_fences_the_old_holder(pg: str) -> None:
+    """An expired lease is recovered with a higher fence; the old holder is told so."""
+    with Registry(pg, prober=HostProber("h1")) as a, Registry(pg, prober=HostProber("h2")) as b:
+        c = a.claim("job", owner="alice", ttl=1)
+        with pytest.raises(ClaimConflict):
+            b.recover("job", owner="bob", reason="too early")  # live lease: never robbed
+        time.sleep(1.2)
+        with pytest.raises(ClaimConflict) as stale:
+            b.claim("job", owner="bob")
+        assert stale.value.stale
+        r = b.recover("job", owner="bob", reason="alice's lease ran out")
+        assert r.fence > c.fence and r.owner == "bob"
+        with pytest.raises(LeaseExpired) as lost:
+            a.renew("job", token=c.token or "")
+        assert lost.value.taken_by == "bob"
+        with pytest.raises(NotHolder):
+            a.complete("job", token=c.token or "")
+        assert a.verify().ok
+
+
+def test_lease_time_is_the_servers_clock(pg: str) -> None:
+    """Claims are stamped with the database server's time, whatever the client's clock."""
+    with Registry(pg) as reg:
+        before = reg.store.now().wall  # type: ignore[attr-defined]
+        c = reg.claim("t", owner="a", ttl=30)
+        after = reg.store.now().wall  # type: ignore[attr-defined]
+        assert before <= c.claimed_at <= after
+        assert c.expires_at == pytest.approx(c.claimed_at + 30, abs=1e-5)
+        assert c.deadline_boot == "" and c.boot_deadline is None
+
+
+def test_durability_maps_to_synchronous_commit(pg: str) -> None:
+    """full -> synchronous_commit on; process -> off, for the store's session."""
+    for durability, expected in (("full", "on"), ("process", "off")):
+        store = PostgresStore(pg, durability=durability)
+        try:
+            store.read()
+            conn = store._connection()
+            assert conn.execute("SHOW synchronous_commit").fetchone() == (expected,)
+        finally:
+            store.close()
+
+
+def test_lock_timeout_gives_registry_busy(pg: str) -> None:
+    """A writer stuck holding the journal head makes others wait lock_timeout, then Busy."""
+    reg = Registry(pg, lock_timeout=1)
+    reg.claim("t", owner="a")
+    conninfo, schema, _ = parse_location(pg)
+    with psycopg.connect(conninfo) as blocker:
+        blocker.execute(f'SELECT * FROM "{schema}".head FOR UPDATE')
+        started = time.monotonic()
+        with pytest.raises(RegistryBusy):
+            reg.claim("u", owner="b")
+        assert 0.9 <= time.monotonic() - started < 5
+        blocker.rollback()
+    assert reg.claim("u", owner="b").fence == 2
+    assert reg.verify().ok
+    reg.close()
+
+
+def test_journal_is_append_only_and_tampering_is_detected(pg: str) -> None:
+    """The audit table refuses UPDATE/DELETE; an edit forced past that fails verify at its seq."""
+    with Registry(pg) as reg:
+        for i in range(3):
+            reg.claim(f"t{i}", owner="a")
+        conninfo, schema, _ = parse_location(pg)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.RaiseException):
+                conn.execute(f'DELETE FROM "{schema}".audit WHERE seq = 2')
+            conn.execute(f'ALTER TABLE "{schema}".audit DISABLE TRIGGER audit_append_only')
+            conn.execute(f"UPDATE \"{schema}\".audit SET line = replace(line, '\"a\"', '\"z\"') "
+                         "WHERE seq = 3")
+        report = reg.verify()
+        assert not report.ok and report.seq == 3 and report.offset is not None
+        assert report.offset > 0
+
+
+# --- schemas ---------------------------------------------------------------------------------
+
+
+def test_schemas_are_isolated_and_migrations_versioned(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two registries in one database (two schemas) never see each other's claims or seqs."""
+    s1, s2 = _schema(), _schema()
+    r1 = Registry(postgres_url, schema=s1)
+    monkeypatch.setenv("FLEETCLAIMS_PG_SCHEMA", s2)
+    r2 = Registry(postgres_url)
+    assert r2.store.schema == s2  # type: ignore[attr-defined]
+    assert f"schema={s2}" in r2.location
+    r1.claim("shared", owner="one")
+    r1.claim("only-one", owner="one")
+    r2.claim("shared", owner="two")
+    assert [c.owner for c in r1.claims()] == ["one", "one"]
+    assert [c.task for c in r2.claims()] == ["shared"] and r2.get("only-one") is None
+    assert r1.stats().seq == 3 and r2.stats().seq == 2
+    # URL ?schema= names the same registry as schema=; the explicit argument wins over both.
+    r3 = Registry(f"{postgres_url}?schema={s1}")
+    assert r3.get("only-one") is not None
+    store = PostgresStore(f"{postgres_url}?schema={s2}", schema=s1)
+    assert store.schema == s1
+    assert store.migrate_schema() == 1 and store.schema_version() == 1  # idempotent
+    store.close()
+    for reg in (r1, r2, r3):
+        assert reg.verify().ok
+        reg.close()
+
+
+# --- concurrency -----------------------------------------------------------------------------
+
+
+def _hammer(url: str, name: str, ops: int, start: Any) -> None:
+    reg = Registry(url, prober=HostProber(name), lock_timeout=30)
+    start.wait()
+    for i in range(ops):
+        c = reg.claim(f"{name}-{i % 3}", owner=name, ttl=60)
+        reg.release(c.task, token=c.token or "")
+    reg.close()
+
+
+def _tail(url: str, seconds: float, out: str, start: Any) -> None:
+    """Follow the journal by cursor like `audit --follow` and record what it saw."""
+    store = PostgresStore(url)
+    start.wait()
+    cursor, seen, gaps = 0, 0, []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for event in store.iter_events(cursor):
+            if event["seq"] != cursor + 1:
+                gaps.append((cursor, event["seq"]))
+            cursor = event["seq"]
+            seen += 1
+    store.close()
+    Path(out).write_text(json.dumps({"cursor": cursor, "seen": seen, "gaps": gaps}))
+
+
+def test_seq_gap_free_for_readers_and_fences_increase(pg: str, tmp_path: Path) -> None:
+    """4 writer processes and a follower: the follower never sees a gap in seq, and every
+    grant's fence is higher than all before it, across clients."""
+    Registry(pg).stats()
+    n, ops = 4, 40
+    start = CTX.Barrier(n + 1)
+    writers = [CTX.Process(target=_hammer, args=(pg, f"w{i}", ops, start)) for i in range(n)]
+    tail = CTX.Process(target=_tail, args=(pg, 4.0, str(tmp_path / "tail.json"), start))
+    for p in [*writers, tail]:
+        p.start()
+    for p in [*writers, tail]:
+        p.join(60)
+        assert p.exitcode == 0
+    seen = json.loads((tmp_path / "tail.json").read_text())
+    assert seen["gaps"] == []
+    with Registry(pg) as reg:
+        events = _events(reg)
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        assert len(events) == 1 + 2 * n * ops
+        fences = [e["fence"] for e in events if e["type"] in ev.GRANTS]
+        assert fences == sorted(set(fences)) and len(fences) == n * ops
+        check(events)
+        assert reg.verify().ok
+
+
+def _oracle_worker(url: str, name: str, ops: int, seed: int, log: str, start: Any) -> None:
+    """Random claims, renews, releases, completes, reopens and recovers on a few tasks, with
+    1-second leases so that some run out; every acknowledged operation is logged."""
+    rng = random.Random(seed)
+    reg = Registry(url, prober=HostProber(name), lock_timeout=30)
+    acks: list[tuple[str, str, str, int]] = []
+    held: dict[str, tuple[str, int]] = {}
+    start.wait()
+    for _ in range(ops):
+        if rng.random() < 0.08:
+            time.sleep(rng.uniform(0.2, 0.6))  # long enough, now and then, for leases to lapse
+        task = f"task-{rng.randrange(3)}"
+        recovering = False
+        try:
+            if task in held:
+                token, fence = held[task]
+                action = rng.choice(["renew", "renew", "release", "complete"])
+                if action == "renew":
+                    reg.renew(task, token=token)
+                    acks.append(("lease_renewed", task, name, fence))
+                    continue
+                del held[task]
+                if action == "release":
+                    # False when our lease had lapsed: still recorded (marked expired).
+                    reg.release(task, token=token)
+                    acks.append(("claim_released", task, name, fence))
+                else:
+                    reg.complete(task, token=token)
+                    acks.append(("claim_completed", task, name, fence))
+                    if reg.reopen(task, reason="again", actor=name) is not None:
+                        acks.append(("claim_reopened", task, name, fence))
+            elif rng.random() < 0.3:
+                recovering = True
+                c = reg.recover(task, owner=name, reason="oracle", ttl=1)
+                held[task] = (c.token or "", c.fence)
+                acks.append(("claim_recovered", task, name, c.fence))  # a grant either way
+            else:
+                c = reg.claim(task, owner=name, ttl=1)
+                held[task] = (c.token or "", c.fence)
+                acks.append(("claim_created", task, name, c.fence))
+        except (ClaimConflict, TaskCompleted) as exc:
+            # A claim refused is recorded (claim_rejected); recover of a completed task is not.
+            if not (recovering and isinstance(exc, TaskCompleted)):
+                acks.append(("claim_rejected", task, name, exc.fence))
+        except NotHolder:
+            held.pop(task, None)  # our lease lapsed and someone recovered it: no event
+    reg.close()
+    Path(log).write_text(json.dumps(acks))
+
+
+def test_multiprocess_oracle_as_different_hosts(pg: str, tmp_path: Path) -> None:
+    """4 processes posing as 4 hosts x 100 operations on 3 tasks: no overlapping live holders,
+    contiguous seq, strictly increasing fences, exactly one audit record per acknowledged
+    operation, and the claims table equal to a replay of the journal."""
+    Registry(pg).stats()
+    n, ops = 4, 100
+    start = CTX.Barrier(n)
+    procs = [CTX.Process(target=_oracle_worker,
+                         args=(pg, f"host{i}", ops, 1000 + i, str(tmp_path / f"w{i}.json"), start))
+             for i in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(90)
+        assert p.exitcode == 0
+    acked = sorted(tuple(a) for i in range(n)
+                   for a in json.loads((tmp_path / f"w{i}.json").read_text()))
+    with Registry(pg) as reg:
+        events = _events(reg)
+        report = check(events)
+        recorded = [tuple(x) for x in operations(events)]
+        # A recover of a released task is recorded as claim_created; the recover of a lapsed
+        # lease is claim_recovered: both are grants, compare them as such.
+        def norm(rows: list[Any]) -> list[Any]:
+            return sorted(("grant", *r[1:]) if r[0] in ev.GRANTS else r for r in rows)
+        assert norm(recorded) == norm(list(acked))
+        assert report.grants == sum(1 for a in acked if a[0] in ev.GRANTS)
+        hosts = {e["identity"]["host"] for e in events if e["type"] in ev.GRANTS}
+        assert hosts <= {f"host{i}" for i in range(n)}
+        assert _replay(events) == _claims(reg)
+        assert reg.verify().ok
+
+
+# --- migration -------------------------------------------------------------------------------
+
+
+def _busy_registry(directory: Path) -> Registry:
+    reg = Registry(directory)
+    for i in range(12):
+        c = reg.claim(f"t{i}", owner=f"o{i % 3}", ttl=600, metadata={"i": i, "x": 0.1})
+        if i % 3 == 0:
+            reg.release(c.task, token=c.token or "")
+        elif i % 3 == 1:
+            reg.complete(c.task, token=c.token or "", result=[i])
+    return reg
+
+
+def test_migrate_dir_to_postgres_and_back(pg: str, tmp_path: Path) -> None:
+    """dir -> PostgreSQL -> dir keeps every line, seq, hash and fence; both sides verify, claims
+    are equal, and work continues on PostgreSQL with fences above the migrated ones."""
+    src = tmp_path / "src"
+    reg = _busy_registry(src)
+    original = (src / "audit.jsonl").read_bytes()
+    src_claims, src_stats = _claims(reg), reg.stats()
+    reg.close()
+
+    report = copy_registry(src, pg)
+    assert report.events == src_stats.seq
+    with Registry(pg) as dst:
+        assert dst.verify().ok and dst.verify().head == report.head
+        assert dst.verify().bytes == len(original)
+        assert _claims(dst) == src_claims
+        assert b"".join(dst.store.raw_lines()) == original  # type: ignore[attr-defined]
+        assert dst.stats().fence == src_stats.fence
+        with pytest.raises(RegistryCorrupt, match="not empty"):
+            copy_registry(src, pg)
+        c = dst.claim("new-on-pg", owner="p")
+        assert c.fence == src_stats.fence + 1
+        pg_claims = _claims(dst)
+
+    back = tmp_path / "back"
+    copy_registry(pg, back)
+    journal = (back / "audit.jsonl").read_bytes()
+    assert journal.startswith(original)
+    with Registry(back) as again:
+        assert again.verify().ok
+        assert _claims(again) == pg_claims
+        assert again.claim("after", owner="q").fence == c.fence + 1
+
+
+# --- failures --------------------------------------------------------------------------------
+
+
+def test_server_restart_between_operations_is_retried(own_server: PgServer) -> None:
+    """A server crash and restart between operations: the next operation reconnects and
+    succeeds, nothing is lost."""
+    url = own_server.create_database("r1")
+    with Registry(url, lock_timeout=10) as reg:
+        c = reg.claim("t", owner="a")
+        own_server.crash()
+        own_server.start()
+        assert reg.renew("t", token=c.token or "").fence == c.fence
+        assert reg.verify().ok and reg.stats().seq == 3
+
+
+def test_server_down_gives_store_unavailable_not_committed(own_server: PgServer) -> None:
+    """With the server gone an operation fails with StoreUnavailable(committed=False) within
+    lock_timeout; after a restart the registry is exactly as before."""
+    url = own_server.create_database("r2")
+    with Registry(url, lock_timeout=1.5) as reg:
+        reg.claim("t", owner="a")
+        before = _claims(reg)
+        own_server.kill9()
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as down:
+            reg.claim("u", owner="b")
+        assert down.value.committed is False
+        assert time.monotonic() - started < 6
+        with pytest.raises(StoreUnavailable):
+            reg.get("t")
+        own_server.start()
+        assert _claims(reg) == before and reg.verify().ok
+
+
+def test_server_crash_mid_operation(own_server: PgServer) -> None:
+    """The server crashes after the writes and before COMMIT. Restarted at once: the operation
+    is retried on the new server and commits exactly once. Left down: committed=None, and after
+    the restart nothing of it is there."""
+    url = own_server.create_database("r3")
+    reg = Registry(url, lock_timeout=8)
+    reg.claim("warm", owner="a")
+
+    def crash_and_restart(point: str) -> None:
+        if point == "pg.before_commit":
+            faults.set_crash_hook(None)
+            own_server.crash()
+            own_server.start()
+
+    faults.set_crash_hook(crash_and_restart)
+    try:
+        c = reg.claim("t", owner="a")
+    finally:
+        faults.set_crash_hook(None)
+    grants = [e for e in _events(reg) if e["type"] == "claim_created" and e["task"] == "t"]
+    assert [g["token_hash"] for g in grants] == [c.token_hash]
+    assert reg.verify().ok
+
+    reg.close()
+    reg = Registry(url, lock_timeout=1.5)
+    reg.stats()
+    before = _claims(reg)
+
+    def crash(point: str) -> None:
+        if point == "pg.before_commit":
+            faults.set_crash_hook(None)
+            own_server.crash()
+
+    faults.set_crash_hook(crash)
+    try:
+        with pytest.raises(StoreUnavailable) as lost:
+            reg.claim("u", owner="b")
+    finally:
+        faults.set_crash_hook(None)
+    assert lost.value.committed is None
+    own_server.start()
+    assert _claims(reg) == before and reg.get("u") is None and reg.verify().ok
+    reg.close()
+
+
+def test_lost_answer_to_a_commit_that_committed_is_success(pg: str) -> None:
+    """The connection drops right after the server committed: the store finds its own audit
+    line behind the head lock and reports success, without a second write."""
+    reg = Registry(pg)
+    reg.stats()
+    store = reg.store
+    assert isinstance(store, PostgresStore)
+    conn = store._connection()
+    real = conn.execute
+
+    def execute(query: Any, *args: Any, **kwargs: Any) -> Any:
+        result = real(query, *args, **kwargs)
+        if query == "COMMIT":
+            conn.close()
+            raise psycopg.OperationalError("simulated: server closed the connection")
+        return result
+
+    conn.execute = execute  # type: ignore[method-assign]
+    c = reg.claim("t", owner="a")
+    grants = [e for e in _events(reg) if e["type"] == "claim_created"]
+    assert [g["token_hash"] for g in grants] == [c.token_hash]
+    assert reg.get("t") == c.with_token(None) and reg.verify().ok
+    reg.close()

@@ -31,6 +31,8 @@ class Prober(Protocol):
 
     def identity(self) -> Identity: ...
 
+    def identity_of(self, pid: int) -> Identity: ...
+
 
 class SystemClock:
     """Wall time plus a boot clock that never steps (CLOCK_BOOTTIME, else monotonic)."""
@@ -170,7 +172,7 @@ def _ticks_from_create_time(created: float) -> int:
     try:
         import psutil
 
-        return int(round((created - psutil.boot_time()) * 100))
+        return round(float(created - psutil.boot_time()) * 100)
     except Exception:
         return -1
 
@@ -199,6 +201,12 @@ class SystemProber:
                 start=start_ticks(pid),
             )
         return self._identity
+
+    def identity_of(self, pid: int) -> Identity:
+        """The identity of another process on this machine (e.g. the shell that runs the CLI)."""
+        facts = local_facts()
+        return Identity(host=facts.host, machine=facts.machine, boot=facts.boot,
+                        pidns=facts.pidns, pid=pid, start=start_ticks(pid))
 
     def verdict(self, identity: Identity | None) -> Verdict:
         facts = local_facts()
@@ -246,12 +254,20 @@ def mount_of(path: Path, mounts_file: str = "/proc/self/mounts") -> MountInfo | 
         parts = line.split()
         if len(parts) < 3:
             continue
-        point = parts[1].replace("\\040", " ")
+        point = _unescape_mount(parts[1])
+        # ">=": of two mounts on one point, the later line is the one on top.
         if (target == point or target.startswith(point.rstrip("/") + "/")) and (
-            best is None or len(point) > len(best.mountpoint)
+            best is None or len(point) >= len(best.mountpoint)
         ):
             best = MountInfo(point, parts[2])
     return best
+
+
+def _unescape_mount(field: str) -> str:
+    """The mount table escapes space, tab, newline and backslash as octal (\\040 ...)."""
+    import re
+
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _mount_psutil(path: Path) -> MountInfo | None:

@@ -26,6 +26,7 @@ from ..core.errors import (
     FleetclaimsError,
     RegistryCorrupt,
     UnsafeRegistry,
+    ValidationError,
 )
 from ..core.model import State
 from ..core.rules import Decision
@@ -150,24 +151,43 @@ class FileStore:
         with self._mutex:
             if self._poisoned is not None:
                 raise self._poisoned
-            self._ensure_open()
-            with self._lock.held():
-                state = self._catch_up(writer=True)
-                if state.seq == 0:  # an empty journal (a crash right after creating it)
-                    self._append([{"type": ev.REGISTRY_CREATED, "origin": secrets.token_hex(8),
-                                   "actor": "fleetclaims"}], self.clock.now().wall)
-                now = self.clock.now()
-                decision = decide(state, now)
-                if decision.events:
-                    self._append(list(decision.events), now.wall)
-                    self._maybe_checkpoint()
-                assert self._state is not None
-                return decision, self._state
+            try:
+                return self._transact(decide)
+            except OSError as exc:
+                raise self._io_failure("writing to the registry", exc) from exc
+
+    def _io_failure(self, operation: str, exc: OSError) -> DurabilityError:
+        """An OS call failed outside the append (opening, reading, quarantining, creating): never
+        a raw OSError for the caller, and no retry on a handle whose view may be stale."""
+        error = DurabilityError(operation, self.location, exc)
+        self._poisoned = error
+        self._drop_state()
+        return error
+
+    def _transact(self, decide: Decide) -> tuple[Decision, State]:
+        self._ensure_open()
+        with self._lock.held():
+            state = self._catch_up(writer=True)
+            if state.seq == 0:  # an empty journal (a crash right after creating it)
+                self._append([{"type": ev.REGISTRY_CREATED, "origin": secrets.token_hex(8),
+                               "actor": "fleetclaims"}], self.clock.now().wall)
+            now = self.clock.now()
+            decision = decide(state, now)
+            if decision.events:
+                self._append(list(decision.events), now.wall)
+                self._maybe_checkpoint()
+            assert self._state is not None
+            return decision, self._state
 
     def read(self) -> State:
         with self._mutex:
-            self._ensure_open()
-            return self._catch_up(writer=False)
+            if self._poisoned is not None:
+                raise self._poisoned
+            try:
+                self._ensure_open()
+                return self._catch_up(writer=False)
+            except OSError as exc:
+                raise self._io_failure("reading the registry", exc) from exc
 
     # --- catching up -------------------------------------------------------------------------
 
@@ -181,6 +201,12 @@ class FileStore:
         return True
 
     def _catch_up(self, *, writer: bool) -> State:
+        if writer and not self._swept_temps and self._fd >= 0:
+            # A handle that first loaded as a reader still owes the writer's clean-up.
+            self._sweep_temp_files()
+        if self._state is not None and self._fd < 0:
+            # A reader that found no journal yet: look again (a writer may have created it).
+            self._drop_state()
         if self._state is not None:
             try:
                 st = os.stat(self.journal_path, follow_symlinks=False)
@@ -197,6 +223,8 @@ class FileStore:
         if self._state is None:
             self._load(writer=writer)
             assert self._state is not None
+            if self._fd < 0:  # no journal yet: nothing to read (readers never create one)
+                return self._state
         self._consume(writer=writer)
         return self._state
 
@@ -320,16 +348,27 @@ class FileStore:
         for fields in events:
             seq += 1
             obj = envelope(seq, ts, fields, head)
-            line, head = seal(orjson.dumps(obj))
+            try:
+                body = orjson.dumps(obj)
+            except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits in metadata
+                raise ValidationError(
+                    "event", f"cannot be stored as JSON ({exc})", value=fields.get("type")
+                ) from None
+            line, head = seal(body)
             obj["hash"] = head
             lines.append(line)
             sealed.append(obj)
         data = b"".join(lines)
         start = self._offset
         try:
-            written = osc.write(self._fd, data)
-            if written != len(data):
-                raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)")
+            # A short write is legal (a signal, a nearly full disk): write the rest, so the
+            # real cause (ENOSPC) surfaces from the next call; no progress at all is EIO.
+            written = 0
+            while written < len(data):
+                n = osc.write(self._fd, data[written:])
+                if n <= 0:
+                    raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)")
+                written += n
             crash_point("journal.after_write")
             if self.sync:
                 osc.fdatasync(self._fd)
@@ -366,7 +405,8 @@ class FileStore:
         """A writer died mid-line: keep its bytes in quarantine, cut them off, record it."""
         name = fsutil.quarantine_bytes(
             self.directory, JOURNAL, tail, "torn journal tail",
-            sync=self.sync, extra={"offset": offset, "after_seq": self._state.seq if self._state else 0},
+            sync=self.sync,
+            extra={"offset": offset, "after_seq": self._state.seq if self._state else 0},
         ).name
         crash_point("repair.after_quarantine")
         try:
@@ -454,10 +494,15 @@ class FileStore:
     def checkpoint(self) -> None:
         """Write a snapshot now (used by tests, doctor and benchmarks)."""
         with self._mutex:
-            self._ensure_open()
-            with self._lock.held():
-                self._catch_up(writer=True)
-                self._checkpoint()
+            if self._poisoned is not None:
+                raise self._poisoned
+            try:
+                self._ensure_open()
+                with self._lock.held():
+                    self._catch_up(writer=True)
+                    self._checkpoint()
+            except OSError as exc:
+                raise self._io_failure("checkpointing the registry", exc) from exc
 
     # --- reading events ----------------------------------------------------------------------
 
@@ -481,11 +526,14 @@ class FileStore:
 
     def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
         with self._mutex:
-            self._ensure_open()
             try:
+                self._ensure_open()
                 fd = fsutil.open_file(self.journal_path, os.O_RDONLY)
             except FileNotFoundError:
                 return VerifyReport(True, 0, 0, "0" * 64, None, anchor_ok=None)
+            except OSError as exc:
+                raise DurabilityError("opening the journal to verify it", self.location,
+                                      exc) from exc
         try:
             anchor = None
             snapshot, problem = self._read_snapshot()

@@ -1,7 +1,8 @@
-"""Careful file handling: refuse symlinks, FIFOs, hard links and foreign owners; fsync; quarantine."""
+"""Careful file handling: refuse symlinks, FIFOs, hard links, foreign owners; fsync; quarantine."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -30,10 +31,8 @@ def check_directory(path: Path, *, create: bool) -> None:
         if not create:
             raise
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
         st = os.lstat(path)
         _write_gitignore(path)
     if stat.S_ISLNK(st.st_mode):
@@ -74,6 +73,8 @@ def open_file(path: Path, flags: int, *, create: bool = False) -> int:
             raise UnsafeRegistry(str(path), "it is a symbolic link") from None
         if exc.errno == errno.ENXIO:
             raise UnsafeRegistry(str(path), "it is a socket or FIFO, not a regular file") from None
+        if exc.errno == errno.EISDIR:
+            raise UnsafeRegistry(str(path), "it is a directory, not a regular file") from None
         raise
     try:
         check_fd(fd, path)
@@ -125,10 +126,8 @@ def quarantine_name(name: str, reason: str) -> str:
 
 def _quarantine_dir(directory: Path) -> Path:
     qdir = directory / "quarantine"
-    try:
+    with contextlib.suppress(FileExistsError):
         os.mkdir(qdir, 0o700)
-    except FileExistsError:
-        pass
     if qdir.is_symlink() or not qdir.is_dir():
         raise UnsafeRegistry(str(qdir), "the quarantine path is not a plain directory")
     return qdir
@@ -146,7 +145,12 @@ def write_note(qdir: Path, name: str, note: dict[str, Any], *, sync: bool) -> No
 
 
 def quarantine_file(
-    directory: Path, path: Path, reason: str, *, sync: bool = True, extra: dict[str, Any] | None = None
+    directory: Path,
+    path: Path,
+    reason: str,
+    *,
+    sync: bool = True,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
     """Move a damaged file aside, with a note of why. Never deletes it."""
     qdir = _quarantine_dir(directory)

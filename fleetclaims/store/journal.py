@@ -16,8 +16,8 @@ import orjson
 
 from ..core import events as ev
 from ..core.chain import ChainError, unseal
-from ..core.errors import AuditCorrupt
-from ..core.model import GENESIS, ClaimTable, State
+from ..core.errors import AuditCorrupt, RegistryCorrupt
+from ..core.model import GENESIS, Claim, ClaimTable, State
 from .base import VerifyReport
 
 CHUNK = 1 << 20
@@ -196,7 +196,8 @@ def decode_snapshot(data: bytes) -> Snapshot:
     except orjson.JSONDecodeError as exc:
         raise SnapshotError(f"not valid JSON: {exc}") from None
     if not isinstance(obj, dict) or obj.get("format") != SNAPSHOT_FORMAT:
-        raise SnapshotError(f"unknown format {obj.get('format') if isinstance(obj, dict) else obj!r}")
+        found = obj.get("format") if isinstance(obj, dict) else obj
+        raise SnapshotError(f"unknown format {found!r}")
     seq, offset, fence = obj.get("seq"), obj.get("offset"), obj.get("fence")
     head, origin, claims = obj.get("head"), obj.get("origin"), obj.get("claims")
     for name, value in (("seq", seq), ("offset", offset), ("fence", fence)):
@@ -209,8 +210,35 @@ def decode_snapshot(data: bytes) -> Snapshot:
     for task, entry in claims.items():
         if not isinstance(entry, dict) or entry.get("task") != task:
             raise SnapshotError(f"claim entry {task!r} is malformed")
-    state = State(ClaimTable(claims), seq, fence, head, origin)  # type: ignore[arg-type]
+    state = State(SnapshotClaims(claims), seq, fence, head, origin)  # type: ignore[arg-type]
     return Snapshot(state, offset, len(data))  # type: ignore[arg-type]
+
+
+class SnapshotClaims(ClaimTable):
+    """The claim table of a loaded snapshot. Entries are converted lazily (a cold start does not
+    build every claim), so a malformed entry in a snapshot whose checksum was forged surfaces at
+    first use: as RegistryCorrupt, never as a raw TypeError, and without losing the entry."""
+
+    __slots__ = ()
+
+    def get(self, task: str) -> Claim | None:
+        raw = self._raw.get(task)
+        try:
+            return super().get(task)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if raw is not None:
+                self._raw[task] = raw
+            raise RegistryCorrupt(
+                "claims.json", f"the snapshot's record of task {task!r} is malformed ({exc})",
+                hint="Run `fleetclaims doctor --fix`: it quarantines the snapshot and rebuilds it "
+                "from the journal.",
+            ) from None
+
+    def copy(self) -> SnapshotClaims:
+        clone = SnapshotClaims()
+        clone._claims = dict(self._claims)
+        clone._raw = dict(self._raw)
+        return clone
 
 
 # --- verification ----------------------------------------------------------------------------

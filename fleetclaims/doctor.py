@@ -1,0 +1,465 @@
+"""``fleetclaims doctor``: check a file registry and, only when asked, repair it.
+
+``check(directory, fix=False)`` looks at the directory and file permissions, unsafe files,
+stray temp files, quarantined files, the journal (hash chain, seq continuity, events that apply,
+torn tail) and the snapshot (checksum, anchor, and its claims against a replay of the journal).
+
+Repairs (``fix=True``) never delete data: whatever is replaced is first copied or moved to
+``quarantine/`` with a note saying what it was and what was lost.
+
+- torn tail: the store's own repair (quarantine the bytes, truncate, record the repair);
+- journal broken in the middle: keep the verified prefix, quarantine the whole original;
+- snapshot ahead of the journal, or journal missing: keep the verified prefix and append a
+  ``registry_rebuilt`` event carrying the snapshot's claim records, quarantining both originals;
+- snapshot damaged or disagreeing with the journal: quarantine it and write a new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .core import events as ev
+from .core.chain import envelope, seal
+from .core.errors import AuditCorrupt, FleetclaimsError, RegistryCorrupt
+from .core.model import Claim, State
+from .store import fsutil
+from .store.file import JOURNAL, LOCK, SNAPSHOT, TMP_PREFIX, FileStore
+from .store.journal import Snapshot, SnapshotError, apply_checked, decode_snapshot
+from .store.journal import parse_line as _parse_line
+from .store.lock import RegistryLock
+from .system import SystemClock
+
+ERROR = "error"
+WARNING = "warning"
+INFO = "info"
+DOCTOR_TMP = "audit.jsonl.tmp-doctor-"
+
+
+@dataclass
+class Finding:
+    kind: str
+    message: str
+    fixed: bool = False
+    severity: str = ERROR
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "severity": self.severity, "message": self.message,
+                "fixed": self.fixed, **({"details": self.details} if self.details else {})}
+
+
+@dataclass
+class DoctorReport:
+    directory: str
+    findings: list[Finding] = field(default_factory=list)
+    fix: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is left to repair (informational findings do not count)."""
+        return all(f.fixed or f.severity == INFO for f in self.findings)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 5
+
+    def add(self, kind: str, message: str, severity: str = ERROR, **details: Any) -> Finding:
+        finding = Finding(kind, message, severity=severity, details=details)
+        self.findings.append(finding)
+        return finding
+
+    def kinds(self) -> list[str]:
+        return [f.kind for f in self.findings]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"directory": self.directory, "ok": self.ok, "fix": self.fix,
+                "findings": [f.to_dict() for f in self.findings]}
+
+
+@dataclass
+class _Journal:
+    exists: bool = False
+    data: bytes = b""
+    good_end: int = 0  # end of the verified, applicable prefix
+    state: State = field(default_factory=State)
+    states_at: dict[int, dict[str, Any]] = field(default_factory=dict)
+    break_seq: int | None = None
+    break_offset: int | None = None
+    break_reason: str | None = None
+    torn: int = 0
+
+
+def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
+    """Check the registry in ``directory``; repair what can be repaired when ``fix`` is true."""
+    path = Path(directory).absolute()
+    report = DoctorReport(str(path), fix=fix)
+    if not _check_directory(path, report, fix) or not _check_files(path, report, fix):
+        return report
+    _check_temp_files(path, report, fix)
+    _check_quarantine(path, report)
+    journal = _read_journal(path)
+    snapshot, snap_problem = _read_snapshot(path)
+    needs_salvage = _check_journal(path, journal, snapshot, report)
+    snap_finding = _check_snapshot(path, journal, snapshot, snap_problem, report)
+    if not fix:
+        return report
+    pending = [f for f in report.findings if not f.fixed and f.severity != INFO]
+    if not pending:
+        return report
+    lock = RegistryLock(path / LOCK, timeout=30.0)
+    lock.open()
+    try:
+        with lock.held():
+            # Re-read under the lock: a writer may have moved on since the checks above.
+            journal = _read_journal(path)
+            snapshot, snap_problem = _read_snapshot(path)
+            if needs_salvage:
+                _salvage(path, journal, snapshot, report)
+            elif snap_finding is not None and os.path.lexists(path / SNAPSHOT):
+                fsutil.quarantine_file(path, path / SNAPSHOT, f"doctor: {snap_finding.kind}",
+                                       extra={"finding": snap_finding.message})
+        # The store finishes the job: it repairs a torn tail and writes a fresh snapshot.
+        store = FileStore(path, clock=SystemClock(), lock_timeout=30.0)
+        try:
+            store.checkpoint()
+        finally:
+            store.close()
+    finally:
+        lock.close()
+    after = check(path, fix=False)
+    remaining = {f.kind for f in after.findings if f.severity != INFO}
+    for finding in report.findings:
+        if finding.severity != INFO and finding.kind not in remaining:
+            finding.fixed = True
+    return report
+
+
+# --- checks ----------------------------------------------------------------------------------
+
+
+def _check_directory(path: Path, report: DoctorReport, fix: bool) -> bool:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        report.add("missing", f"{path} does not exist: there is no registry here", INFO)
+        return False
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        report.add("unsafe_directory", f"{path} is not a plain directory (symlink or file); "
+                   "fleetclaims refuses it. Move it aside and point fleetclaims elsewhere.")
+        return False
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        report.add("foreign_owner", f"{path} is owned by uid {st.st_uid}, not by you; "
+                   "fleetclaims refuses it. Use your own registry directory.")
+        return False
+    if st.st_mode & 0o077:
+        finding = report.add("permissions", f"{path} has mode {stat.S_IMODE(st.st_mode):o}; "
+                             "a registry directory is private (700)", WARNING)
+        if fix:
+            os.chmod(path, 0o700)
+            finding.fixed = True
+    return True
+
+
+def _check_files(path: Path, report: DoctorReport, fix: bool) -> bool:
+    safe = True
+    for name in (JOURNAL, SNAPSHOT, LOCK, "quarantine"):
+        target = path / name
+        try:
+            st = os.lstat(target)
+        except FileNotFoundError:
+            continue
+        wanted_dir = name == "quarantine"
+        if stat.S_ISLNK(st.st_mode) or (stat.S_ISDIR(st.st_mode) != wanted_dir) or not (
+            stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)
+        ):
+            kind = "directory" if wanted_dir else "file"
+            report.add("unsafe_file", f"{target} is not a plain {kind} (symlink, FIFO, device "
+                       "or wrong type); fleetclaims refuses it. Inspect and move it aside by "
+                       "hand: doctor does not touch what it cannot vouch for.")
+            safe = False
+            continue
+        if not wanted_dir and st.st_nlink > 1:
+            report.add("unsafe_file", f"{target} has {st.st_nlink} hard links; a registry file has "
+                       "one. Copy it and remove the other links by hand.")
+            safe = False
+            continue
+        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            report.add("foreign_owner", f"{target} is owned by uid {st.st_uid}, not by you")
+            safe = False
+            continue
+        limit = 0o077 if wanted_dir else 0o177
+        if st.st_mode & limit:
+            finding = report.add("permissions", f"{target} has mode {stat.S_IMODE(st.st_mode):o}; "
+                                 f"expected {'700' if wanted_dir else '600'}", WARNING)
+            if fix:
+                os.chmod(target, 0o700 if wanted_dir else 0o600)
+                finding.fixed = True
+    return safe
+
+
+def _check_temp_files(path: Path, report: DoctorReport, fix: bool) -> None:
+    for entry in sorted(os.scandir(path), key=lambda e: e.name):
+        if entry.name.startswith((TMP_PREFIX, DOCTOR_TMP)) and entry.is_file(follow_symlinks=False):
+            finding = report.add("temp_file", f"stray temp file {entry.name} (left by a writer "
+                                 "that died mid-checkpoint or mid-repair)", WARNING)
+            if fix:
+                fsutil.quarantine_file(path, Path(entry.path), "stray temp file")
+                finding.fixed = True
+
+
+def _check_quarantine(path: Path, report: DoctorReport) -> None:
+    qdir = path / "quarantine"
+    if not qdir.is_dir() or qdir.is_symlink():
+        return
+    names = sorted(p.name for p in qdir.iterdir() if not p.name.endswith(".note.json"))
+    if names:
+        report.add("quarantined", f"{len(names)} file(s) in quarantine/ (damaged bytes kept for "
+                   "review; their .note.json says why)", INFO, files=names)
+
+
+def _read_journal(path: Path) -> _Journal:
+    out = _Journal()
+    try:
+        fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
+    except FileNotFoundError:
+        return out
+    try:
+        out.exists = True
+        out.data = fsutil.read_all(fd)
+    finally:
+        os.close(fd)
+    state = State()
+    where = str(path / JOURNAL)
+    offset = 0
+    data = out.data
+    while offset < len(data):
+        nl = data.find(b"\n", offset)
+        if nl < 0:
+            out.torn = len(data) - offset
+            break
+        line = data[offset:nl]
+        try:
+            event = _parse_line(line, seq=state.seq + 1, prev=state.head, offset=offset,
+                                path=where)
+            apply_checked(state, event, offset, where)
+        except AuditCorrupt as exc:
+            out.break_seq, out.break_offset, out.break_reason = exc.seq, exc.offset, exc.reason
+            break
+        offset = nl + 1
+        out.good_end = offset
+        out.states_at[state.seq] = _claims_of(state)
+    out.state = state
+    return out
+
+
+def _claims_of(state: State) -> dict[str, Any]:
+    return {c.task: c.to_dict() for c in state.claims.values()}
+
+
+def _read_snapshot(path: Path) -> tuple[Snapshot | None, str | None]:
+    try:
+        fd = fsutil.open_file(path / SNAPSHOT, os.O_RDONLY)
+    except FileNotFoundError:
+        return None, None
+    try:
+        data = fsutil.read_all(fd)
+    finally:
+        os.close(fd)
+    try:
+        snap = decode_snapshot(data)
+        snap.state.claims.materialize()
+    except SnapshotError as exc:
+        return None, str(exc)
+    except RegistryCorrupt as exc:
+        return None, exc.reason
+    return snap, None
+
+
+def _check_journal(path: Path, journal: _Journal, snapshot: Snapshot | None,
+                   report: DoctorReport) -> bool:
+    """Findings about the journal; True when a salvage (rewrite) is needed."""
+    if not journal.exists:
+        if snapshot is not None or os.path.lexists(path / SNAPSHOT):
+            report.add("journal_missing", "the journal is missing but a snapshot exists: "
+                       "acknowledged history is gone; --fix starts a new journal that records the "
+                       "snapshot's claims")
+            return snapshot is not None
+        return False
+    salvage = False
+    if journal.break_seq is not None:
+        lost = len(journal.data) - journal.good_end
+        report.add("journal_corrupt", f"the journal is broken at seq {journal.break_seq}, byte "
+                   f"offset {journal.break_offset}: {journal.break_reason}; {lost} bytes after "
+                   "the verified prefix; --fix keeps the prefix and quarantines the original",
+                   seq=journal.break_seq, offset=journal.break_offset)
+        salvage = True
+    elif journal.torn:
+        report.add("torn_tail", f"the journal ends with {journal.torn} bytes of an incomplete "
+                   "line (a writer died mid-append); --fix quarantines and truncates them",
+                   WARNING, bytes=journal.torn)
+    recovered = _recoverable(journal, snapshot)
+    if recovered is not None and recovered.seq > journal.state.seq:
+        report.add("snapshot_ahead", f"the snapshot (with the journal lines that chain after it) "
+                   f"reaches seq {recovered.seq} but the verified journal ends at seq "
+                   f"{journal.state.seq}: acknowledged events are missing from the journal; "
+                   "--fix re-records those claims", seq=recovered.seq)
+        salvage = True
+    return salvage
+
+
+def _recoverable(journal: _Journal, snapshot: Snapshot | None) -> State | None:
+    """The snapshot's state carried forward by the journal lines that chain after its offset
+    (what the store itself would load), or None without a usable snapshot."""
+    if snapshot is None:
+        return None
+    state = snapshot.state.copy()
+    data = journal.data
+    offset = snapshot.offset
+    if offset > len(data) or (offset > 0 and data[offset - 1 : offset] != b"\n"):
+        return state
+    while True:
+        nl = data.find(b"\n", offset)
+        if nl < 0:
+            return state
+        try:
+            event = _parse_line(data[offset:nl], seq=state.seq + 1, prev=state.head,
+                                offset=offset, path=JOURNAL)
+            apply_checked(state, event, offset, JOURNAL)
+        except AuditCorrupt:
+            return state
+        offset = nl + 1
+
+
+def _check_snapshot(path: Path, journal: _Journal, snapshot: Snapshot | None,
+                    problem: str | None, report: DoctorReport) -> Finding | None:
+    if problem is not None:
+        return report.add("snapshot_damaged", f"the snapshot is unreadable: {problem}; --fix "
+                          "quarantines it and rebuilds it from the journal")
+    if snapshot is None or snapshot.state.seq > journal.state.seq:
+        return None  # reported (and repaired) as snapshot_ahead
+    seq = snapshot.state.seq
+    anchored = seq == 0 and snapshot.offset == 0
+    if seq > 0 and journal.exists:
+        # The line ending at the snapshot offset must be the snapshot's head at its seq.
+        start = journal.data.rfind(b"\n", 0, max(snapshot.offset - 1, 0)) + 1
+        line = journal.data[start : snapshot.offset - 1]
+        anchored = (
+            snapshot.offset <= journal.good_end
+            and journal.data[snapshot.offset - 1 : snapshot.offset] == b"\n"
+            and line.endswith(f'"hash":"{snapshot.state.head}"}}'.encode())
+        )
+    if not anchored:
+        return report.add("snapshot_unanchored", "the snapshot's seq/offset/head do not match the "
+                          "journal; --fix quarantines it and rebuilds it from the journal")
+    expected = journal.states_at.get(seq, {}) if seq else {}
+    actual = {c.task: c.to_dict() for c in snapshot.state.claims.values()}
+    if actual != expected:
+        differ = sorted(set(actual) ^ set(expected) | {
+            t for t in set(actual) & set(expected) if actual[t] != expected[t]})
+        return report.add("snapshot_mismatch", f"the snapshot disagrees with a replay of the "
+                          f"journal at seq {seq} on {len(differ)} task(s); --fix rebuilds it",
+                          tasks=differ[:20])
+    return None
+
+
+# --- repairs ---------------------------------------------------------------------------------
+
+
+def _salvage(path: Path, journal: _Journal, snapshot: Snapshot | None,
+             report: DoctorReport) -> None:
+    """Keep the verified prefix; re-record a snapshot that is ahead; quarantine originals."""
+    prefix = journal.data[: journal.good_end]
+    state = journal.state
+    extra_lines: list[bytes] = []
+    snap_name = None
+    recovered = _recoverable(journal, snapshot)
+    if recovered is not None and recovered.seq > state.seq:
+        snap_name = fsutil.quarantine_file(
+            path, path / SNAPSHOT, "doctor: snapshot ahead of the journal",
+            extra={"snapshot_seq": recovered.seq, "journal_seq": state.seq},
+        ).name
+    else:
+        recovered = None
+    original = None
+    lost = journal.data[journal.good_end :]
+    if journal.exists:
+        original = fsutil.quarantine_bytes(
+            path, JOURNAL, journal.data, "doctor: journal salvaged",
+            extra={"verified_seq": state.seq, "verified_bytes": journal.good_end,
+                   "lost_bytes": len(lost), "lost_events": _describe(lost),
+                   "break": {"seq": journal.break_seq, "offset": journal.break_offset,
+                             "reason": journal.break_reason}},
+        ).name
+    if snap_name is not None and recovered is not None:
+        claims = [Claim.to_dict(c) for c in recovered.claims.values()]
+        fields = {
+            "type": ev.REGISTRY_REBUILT, "actor": "doctor",
+            "reason": f"the snapshot (seq {recovered.seq} with the lines chained after it) was "
+            f"ahead of the verified journal (seq {state.seq}); its claims are re-recorded",
+            "quarantined": snap_name, "journal_quarantined": original,
+            "origin": recovered.origin, "fence_floor": recovered.fence,
+            "claims": claims,
+        }
+        obj = envelope(state.seq + 1, time.time(), fields, state.head)
+        line, _ = seal(orjson.dumps(obj))
+        extra_lines.append(line)
+    new = prefix + b"".join(extra_lines)
+    tmp = path / f"{DOCTOR_TMP}{os.getpid()}-{secrets.token_hex(4)}"
+    fd = fsutil.open_file(tmp, os.O_WRONLY | os.O_EXCL, create=True)
+    try:
+        view = memoryview(new)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path / JOURNAL)
+    fsutil.fsync_dir(path)
+    if snap_name is None and os.path.lexists(path / SNAPSHOT):
+        # Anchored to the old journal (or damaged): rebuilt from the salvaged one.
+        fsutil.quarantine_file(path, path / SNAPSHOT, "doctor: journal salvaged")
+
+
+def _describe(data: bytes) -> list[dict[str, Any]]:
+    """What the lost bytes held, as far as their lines parse (for the quarantine note)."""
+    out: list[dict[str, Any]] = []
+    for line in data.split(b"\n"):
+        if not line:
+            continue
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            out.append({"unparseable_bytes": len(line)})
+            continue
+        if isinstance(event, dict):
+            out.append({k: event.get(k) for k in ("seq", "type", "task", "owner", "fence")})
+        if len(out) >= 1000:
+            out.append({"more": True})
+            break
+    return out
+
+
+def main_report(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
+    """``check`` that turns fleetclaims errors into findings (for the command line)."""
+    try:
+        return check(directory, fix=fix)
+    except FleetclaimsError as exc:
+        report = DoctorReport(str(directory), fix=fix)
+        report.add(exc.code, str(exc))
+        return report
+
+
+__all__ = ["DoctorReport", "Finding", "check", "main_report"]

@@ -1,0 +1,99 @@
+"""Shared helpers of the reliability suites: pure journal replay, state views, child processes.
+
+Kept free of pytest fixtures so the stress scripts in ``stress/`` can import it too.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from fleetclaims.core import events as ev
+from fleetclaims.core.model import State
+from fleetclaims.store.journal import apply_checked, iter_lines, parse_line
+
+PYTHON = sys.executable
+REPO = Path(__file__).resolve().parents[1]
+LONG = os.environ.get("FLEETCLAIMS_LONG", "") not in ("", "0")
+
+# Events that record bookkeeping of the store rather than an operation of a client.
+BOOKKEEPING = frozenset({ev.REGISTRY_CREATED, ev.JOURNAL_TAIL_REPAIRED, ev.REGISTRY_REBUILT})
+
+
+def journal_lines(directory: Path) -> tuple[list[bytes], bytes]:
+    """The complete lines of ``audit.jsonl`` and the incomplete tail (b"" when none)."""
+    path = directory / "audit.jsonl"
+    if not path.exists():
+        return [], b""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        lines: list[bytes] = []
+        tail = b""
+        for _, line, complete in iter_lines(fd, 0):
+            if complete:
+                lines.append(line)
+            else:
+                tail = line
+        return lines, tail
+    finally:
+        os.close(fd)
+
+
+def replay(lines: list[bytes], path: str = "audit.jsonl") -> State:
+    """Rebuild the state from journal lines with full chain checks (raises AuditCorrupt)."""
+    state = State()
+    offset = 0
+    for line in lines:
+        event = parse_line(line, seq=state.seq + 1, prev=state.head, offset=offset, path=path)
+        apply_checked(state, event, offset, path)
+        offset += len(line) + 1
+    return state
+
+
+def events_of(directory: Path) -> list[dict[str, Any]]:
+    lines, _ = journal_lines(directory)
+    return [orjson.loads(line) for line in lines]
+
+
+def claims_view(state: State) -> dict[str, dict[str, Any]]:
+    """Claims as comparable dicts, without the journal position fields (seq, eid), which a
+    repair legitimately moves."""
+    out = {}
+    for claim in state.claims.values():
+        data = claim.to_dict()
+        data.pop("seq")
+        data.pop("eid")
+        out[claim.task] = data
+    return out
+
+
+def temp_files(directory: Path) -> list[str]:
+    return sorted(
+        p.name for p in directory.iterdir() if ".tmp-" in p.name or p.name.endswith(".tmp")
+    )
+
+
+def quarantined(directory: Path) -> dict[str, bytes]:
+    """Quarantined payloads (not the notes), by name."""
+    qdir = directory / "quarantine"
+    if not qdir.is_dir():
+        return {}
+    return {
+        p.name: p.read_bytes() for p in sorted(qdir.iterdir()) if not p.name.endswith(".note.json")
+    }
+
+
+def run_python(code: str, *args: str, env: dict[str, str] | None = None,
+               timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    full_env = dict(os.environ)
+    full_env.pop("FLEETCLAIMS_CRASH_AT", None)
+    full_env.update(env or {})
+    return subprocess.run(
+        [PYTHON, "-c", code, *args], env=full_env, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import secrets
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .core import rules, validate
 from .core.chain import token_hash
@@ -19,8 +18,6 @@ from .core.errors import (
     StoreUnavailable,
     ValidationError,
 )
-from .core.explain import Explanation
-from .core.merge import MergePlan
 from .core.model import (
     ACTIVE,
     COMPLETED,
@@ -36,7 +33,17 @@ from .core.rules import Decision, Grant, SweepReport
 from .store.base import Event, EventPage, Store, VerifyReport
 from .system import Clock, Prober, SystemClock, SystemProber
 
+if TYPE_CHECKING:  # imported where used: a cold CLI command should not pay for them
+    from .core.explain import Explanation
+    from .core.merge import MergePlan
+
 Durability = Literal["full", "process"]
+
+
+def new_token() -> str:
+    """A fresh secret token: 192 bits from the OS CSPRNG, as ``secrets.token_hex`` makes them
+    (``secrets`` itself is not imported: it costs a cold CLI command ~10 ms of imports)."""
+    return os.urandom(24).hex()
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,11 @@ class Registry:
 
     # --- helpers -----------------------------------------------------------------------------
 
+    def _now(self) -> Now:
+        """The clock decisions use: the store's (PostgreSQL: the server's) or ours."""
+        now = getattr(self.store, "now", None)
+        return now() if callable(now) else self.clock.now()
+
     def _run(self, decide: Callable[[State, Now], Decision]) -> tuple[Decision, State]:
         decision, state = self.store.transact(decide)
         if decision.error is not None:
@@ -132,7 +144,7 @@ class Registry:
         process: bool | int = True,
         allow_parked: bool = False,
     ) -> tuple[str, Grant]:
-        raw = secrets.token_urlsafe(24) if token is None else validate.token(token)
+        raw = new_token() if token is None else validate.token(token)
         grant = Grant(
             owner=validate.owner(owner),
             token_hash=token_hash(raw),
@@ -306,13 +318,15 @@ class Registry:
             return rules.decide_sweep(state, now, lambda c: self._verdict(c), who)
 
         if dry_run:
-            decision = decide(self.store.read(), self.clock.now())
+            decision = decide(self.store.read(), self._now())
         else:
             decision, _ = self._run(decide)
         assert isinstance(decision.result, SweepReport)
         return decision.result
 
-    def merge(self, other: str | os.PathLike[str] | Registry, *, actor: str = "merge") -> MergePlan:
+    def merge(
+        self, other: str | os.PathLike[str] | Registry, *, actor: str = "merge"
+    ) -> MergePlan:
         """Merge another registry (a directory copied from another machine, or a Registry) into
         this one. Idempotent; merging A into B and B into A yields the same claims."""
         from .core.errors import AuditCorrupt
@@ -367,7 +381,7 @@ class Registry:
         if owner is not None:
             owner = validate.owner(owner)
         state = self.store.read()
-        now = self.clock.now()
+        now = self._now()
         found = []
         for claim in state.claims.values():
             if owner is not None and claim.owner != owner:
@@ -384,7 +398,7 @@ class Registry:
 
     def is_stale(self, claim: Claim) -> str | None:
         """Why ``claim`` may be taken over now, or None."""
-        return rules.stale_reason(claim, self.clock.now(), self._verdict(claim))
+        return rules.stale_reason(claim, self._now(), self._verdict(claim))
 
     def verdict(self, claim: Claim) -> Verdict:
         """The liveness verdict of the claim's owner process."""
@@ -392,7 +406,7 @@ class Registry:
 
     def stats(self) -> Stats:
         state = self.store.read()
-        now = self.clock.now()
+        now = self._now()
         counts = {"active": 0, "expired": 0, "completed": 0, "released": 0}
         owners: dict[str, dict[str, int]] = {}
         for claim in state.claims.values():

@@ -8,6 +8,7 @@ quarantined damaged snapshot. Times come from a fake clock so the content reads 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 from pathlib import Path
@@ -26,10 +27,8 @@ def build(target: Path) -> None:
                   token="example-token-agent-a-101")
     clock.advance(120)
     reg.renew("issue-101", token=a.token or "")
-    try:
+    with contextlib.suppress(ClaimConflict):  # recorded as claim_rejected
         reg.claim("issue-101", owner="agent-b", note="me too")
-    except ClaimConflict:
-        pass  # recorded as claim_rejected
     prober.as_pid(5151)
     b = reg.claim("issue-102", owner="agent-b", ttl=300, token="example-token-agent-b-102")
     clock.advance(400)  # agent-b's lease on issue-102 runs out

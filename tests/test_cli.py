@@ -272,3 +272,44 @@ def test_run_lease_lost(tmp_path: Path) -> None:
     proc.stderr.close()
     proc.stdout.close()
     assert "LEASE LOST" in err and "operator took it back" in err
+
+
+def test_audit_follow_streams_new_events(tmp_path: Path) -> None:
+    """audit --follow --json prints one object per line as events are committed."""
+    d = tmp_path / "r"
+    reg = Registry(d)
+    reg.claim("first", owner="a")
+    env = dict(os.environ, FLEETCLAIMS_DIR=str(d))
+    proc = subprocess.Popen([sys.executable, "-m", "fleetclaims", "audit", "--follow", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        seen = [json.loads(proc.stdout.readline())["type"] for _ in range(2)]
+        assert seen == ["registry_created", "claim_created"]
+        reg.claim("second", owner="b")
+        later = json.loads(proc.stdout.readline())
+        assert (later["type"], later["task"]) == ("claim_created", "second")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(10)
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]
+
+
+def test_colour_only_on_tty_and_never_with_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Colour codes appear on a terminal, never in pipes or with NO_COLOR set."""
+    import io
+
+    from fleetclaims.cli import Out
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    assert "\x1b[" in Out(False, Terminal()).paint("x", "31")
+    assert "\x1b[" not in Out(False, io.StringIO()).paint("x", "31")
+    assert "\x1b[" not in Out(True, Terminal()).paint("x", "31")
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert "\x1b[" not in Out(False, Terminal()).paint("x", "31")

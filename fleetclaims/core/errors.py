@@ -275,8 +275,8 @@ class DurabilityError(FleetclaimsError):
         self.errno = error.errno
         self.strerror = error.strerror or str(error)
         super().__init__(
-            f"{operation} failed on {path}: {self.strerror}; the change was NOT acknowledged "
-            "and this registry handle refuses further writes.",
+            f"{operation} failed on {path}: {self.strerror}; the operation was NOT acknowledged, "
+            "and this registry handle refuses further use.",
             hint="Fix the cause (disk space, permissions, hardware) and open the registry again.",
         )
 

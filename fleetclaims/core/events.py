@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from .model import (
@@ -21,6 +20,7 @@ from .model import (
     _opt_float,
     _opt_str,
     _str,
+    build_claim,
 )
 
 REGISTRY_CREATED = "registry_created"
@@ -121,23 +121,23 @@ def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int)
         raise ValueError(f"{kind} for task {task!r} that has no claim")
     common: dict[str, Any] = {"seq": seq, "eid": eid}
     if kind == LEASE_RENEWED:
-        new = replace(current, renewed_at=ts, **_deadline(event), **common)
+        new = current.evolve(renewed_at=ts, **_deadline(event), **common)
     elif kind == PHASE_CHANGED:
-        new = replace(current, phase=_str(event["phase"]), renewed_at=ts, **_deadline(event),
+        new = current.evolve(phase=_str(event["phase"]), renewed_at=ts, **_deadline(event),
                       **common)
     elif kind in (CLAIM_RELEASED, CLAIM_RELEASED_FORCED):
         forced = kind == CLAIM_RELEASED_FORCED
         old = _retire(current, "forced" if forced else "released", ts,
                       by=_opt_str(event.get("actor")) if forced else None,
                       rule=_opt_str(event.get("reason")) if forced else None)
-        new = replace(current, state=RELEASED, ended_at=ts, retired=_keep(current, old), **common)
+        new = current.evolve(state=RELEASED, ended_at=ts, retired=_keep(current, old), **common)
     elif kind == CLAIM_COMPLETED:
-        new = replace(current, state=COMPLETED, ended_at=ts, result=event.get("result"), **common)
+        new = current.evolve(state=COMPLETED, ended_at=ts, result=event.get("result"), **common)
     elif kind == CLAIM_REOPENED:
         old = _retire(current, "completed", ts)
-        new = replace(current, state=RELEASED, ended_at=ts, retired=_keep(current, old), **common)
+        new = current.evolve(state=RELEASED, ended_at=ts, retired=_keep(current, old), **common)
     elif kind == LEASE_EXPIRED:
-        new = replace(current, state=EXPIRED, stale_reason=_opt_str(event.get("reason")),
+        new = current.evolve(state=EXPIRED, stale_reason=_opt_str(event.get("reason")),
                       ended_at=ts, **common)
     elif kind == CLAIM_SUPERSEDED:
         loser = Retired(
@@ -150,9 +150,9 @@ def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int)
             at=ts,
         )
         if any(r.token_hash == loser.token_hash for r in current.retired):
-            new = replace(current, **common)
+            new = current.evolve(**common)
         else:
-            new = replace(current, retired=(*current.retired, loser)[-RETIRED_KEPT:], **common)
+            new = current.evolve(retired=(*current.retired, loser)[-RETIRED_KEPT:], **common)
     else:  # pragma: no cover - every type is handled above
         raise ValueError(f"unhandled event type {kind!r}")
     state.claims[task] = new
@@ -170,7 +170,7 @@ def _granted(
     metadata = event.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise TypeError("metadata must be an object")
-    return Claim(
+    return build_claim(
         task=_str(event["task"]),
         owner=_str(event["owner"]),
         fence=_int(event["fence"]),
@@ -222,5 +222,5 @@ def _apply_merge(state: State, event: dict[str, Any], seq: int) -> None:
     """registries_merged carries the merged records of every task the merge changed."""
     for data in event.get("claims") or []:
         claim = Claim.from_dict(_mapping(data))
-        state.claims[claim.task] = replace(claim, seq=seq)
+        state.claims[claim.task] = claim.evolve(seq=seq)
     state.fence = max(state.fence, _int(event.get("fence_floor", 0)))

@@ -98,12 +98,25 @@ def json_value(field: str, value: Any, *, mapping: bool = False) -> Any:
         raise ValidationError(field, f"is not plain JSON ({exc})") from None
     if len(encoded.encode()) > JSON_MAX:
         raise ValidationError(field, f"larger than {JSON_MAX} bytes as JSON")
+    if _too_big_int(value):
+        raise ValidationError(field, "holds an integer outside the signed 64-bit range")
     if _depth(value) > 16:
         raise ValidationError(field, "nested deeper than 16 levels")
     if _BAD_TEXT_RE.search(encoded):
         raise ValidationError(field, "contains control or bidirectional-override characters")
     # Round-trip so the stored value is exactly what JSON gives back (tuples become lists).
     return json.loads(encoded)
+
+
+def _too_big_int(value: Any) -> bool:
+    # JSON allows any integer; our encoders (and PostgreSQL's jsonb) stop at 64 bits.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return not -(2**63) <= value < 2**63
+    if isinstance(value, dict):
+        return any(_too_big_int(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_too_big_int(v) for v in value)
+    return False
 
 
 def _depth(value: Any, level: int = 0) -> int:

@@ -35,7 +35,7 @@ from .store import fsutil
 from .store.file import JOURNAL, LOCK, SNAPSHOT, TMP_PREFIX, FileStore
 from .store.journal import Snapshot, SnapshotError, apply_checked, decode_snapshot
 from .store.journal import parse_line as _parse_line
-from .store.lock import RegistryLock
+from .store.lock import RegistryLock, bump_generation_at
 from .system import SystemClock
 
 ERROR = "error"
@@ -241,6 +241,15 @@ def _read_journal(path: Path) -> _Journal:
     where = str(path / JOURNAL)
     offset = 0
     data = out.data
+    # The journal's data ends at its first NUL byte (the rest is preallocated zero space);
+    # anything but zeros after that is damage, reported where the zeros begin.
+    nul = data.find(b"\0")
+    junk_at: int | None = None
+    if nul >= 0:
+        rest = data[nul:].lstrip(b"\0")
+        if rest:
+            junk_at = nul
+        data = data[:nul]
     while offset < len(data):
         nl = data.find(b"\n", offset)
         if nl < 0:
@@ -257,6 +266,9 @@ def _read_journal(path: Path) -> _Journal:
         offset = nl + 1
         out.good_end = offset
         out.states_at[state.seq] = _claims_of(state)
+    if junk_at is not None and out.break_seq is None:
+        out.break_seq, out.break_offset = state.seq + 1, junk_at
+        out.break_reason = "data after unused (zero) space: lines lost or the file was damaged"
     out.state = state
     return out
 
@@ -428,6 +440,7 @@ def _salvage(path: Path, journal: _Journal, snapshot: Snapshot | None,
     os.close(fd)
     os.replace(tmp, path / JOURNAL)
     fsutil.fsync_dir(path)
+    bump_generation_at(path / LOCK)  # every open handle reloads the new journal
     if snap_name is None and os.path.lexists(path / SNAPSHOT):
         # Anchored to the old journal (or damaged): rebuilt from the salvaged one.
         fsutil.quarantine_file(path, path / SNAPSHOT, "doctor: journal salvaged")

@@ -177,6 +177,19 @@ def _ticks_from_create_time(created: float) -> int:
         return -1
 
 
+def pid_exists(pid: int) -> bool:
+    """Whether a process with this PID exists on this machine (signal 0 probes, sends nothing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return True  # unsure: keep what might belong to it
+    return True
+
+
 def start_ticks(pid: int) -> int:
     found = probe(pid)
     return -1 if found.start is None else found.start

@@ -97,3 +97,19 @@ def run_python(code: str, *args: str, env: dict[str, str] | None = None,
         [PYTHON, "-c", code, *args], env=full_env, capture_output=True, text=True,
         timeout=timeout, check=False,
     )
+
+
+def append_raw(path: Path, data: bytes) -> None:
+    """Write ``data`` where the journal's data ends (its first NUL byte, or EOF), as a writer
+    that died mid-append would have left it: the journal is preallocated with zeros."""
+    raw = path.read_bytes()
+    end = raw.find(b"\0")
+    end = len(raw) if end < 0 else end
+    with open(path, "r+b") as f:
+        f.seek(end)
+        f.write(data)
+
+
+def strip_preallocation(path: Path) -> None:
+    """Rewrite a journal without its preallocated zero space (a valid journal too)."""
+    path.write_bytes(path.read_bytes().split(b"\0", 1)[0])

@@ -23,7 +23,8 @@ class OracleReport:
 
 
 def read_journal(directory: Path) -> list[dict[str, Any]]:
-    lines = (directory / "audit.jsonl").read_bytes().split(b"\n")
+    # The data ends at the first NUL byte: the rest is preallocated space.
+    lines = (directory / "audit.jsonl").read_bytes().split(b"\0", 1)[0].split(b"\n")
     assert lines[-1] == b"", "journal ends with an incomplete line"
     return [json.loads(line) for line in lines[:-1]]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 import pytest
-from fc_support import LONG, journal_lines, replay
+from fc_support import LONG, append_raw, journal_lines, replay
 
 GRANTS = {"claim_created", "claim_recovered", "claim_preempted", "claim_handed_off"}
 ENDS = {"claim_released", "claim_released_forced", "claim_completed"}
@@ -391,7 +391,6 @@ def test_oracle_catches_a_double_holder(tmp_path: Path) -> None:
     for key in ("seq", "ts", "prev", "hash"):
         forged.pop(key)
     line, _ = seal(orjson.dumps(envelope(last["seq"] + 1, last["ts"], forged, last["hash"])))
-    with open(directory / "audit.jsonl", "ab") as f:
-        f.write(line)
+    append_raw(directory / "audit.jsonl", line)
     with pytest.raises(AssertionError, match="while"):
         oracle(Run(directory))

@@ -16,7 +16,15 @@ from typing import Any
 
 import orjson
 import pytest
-from fc_support import claims_view, journal_lines, quarantined, replay, temp_files
+from fc_support import (
+    append_raw,
+    claims_view,
+    journal_lines,
+    quarantined,
+    replay,
+    strip_preallocation,
+    temp_files,
+)
 
 import fleetclaims
 from fleetclaims import AuditCorrupt, FleetclaimsError, RegistryCorrupt, UnsafeRegistry, doctor
@@ -56,6 +64,9 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
     reg.claim("task-1", owner="agent-9", ttl=3600)
     reg.renew("task-3", token=tokens[3])
     reg.close()
+    # The corpus damages a journal without preallocated space, so that "after the end" means
+    # after the last line; the preallocated form has cases of its own below.
+    strip_preallocation(root / "audit.jsonl")
     lines, tail = journal_lines(root)
     assert tail == b"" and len(lines) == 12
     offsets = [0]
@@ -318,10 +329,26 @@ def _(d: Path, b: Base) -> bytes:
 
 
 @case("journal-trailing-nul-run", "exact")
-def _(d: Path, b: Base) -> bytes:
+def _(d: Path, b: Base) -> None:
+    # Zeros after the last line are unused (preallocated) space: nothing is damaged or kept.
     with open(_journal(d), "ab") as f:
         f.write(b"\0" * 4096)
-    return b"\0" * 4096
+
+
+@case("journal-preallocated-torn-tail", "exact")
+def _(d: Path, b: Base) -> bytes:
+    # A writer died mid-append into the preallocated (zero) space.
+    with open(_journal(d), "ab") as f:
+        f.write(b"\0" * 8192)
+    append_raw(_journal(d), b'{"seq":13,"ts":1.0,"type":"lease_re')
+    return b'{"seq":13,"ts":1.0,"type":"lease_re'
+
+
+@case("journal-data-after-preallocated-space", "audit", 13, "end", "exact")
+def _(d: Path, b: Base) -> None:
+    # Lines beyond a run of zeros would be silently ignored: refused as damage instead.
+    with open(_journal(d), "ab") as f:
+        f.write(b"\0" * 8192 + b"some junk\n")
 
 
 @case("journal-nul-run-after-snapshot", "audit", 10, 9, 9)

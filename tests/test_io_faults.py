@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fc_support import BOOKKEEPING, claims_view, events_of, journal_lines, replay, temp_files
+from fc_support import (
+    BOOKKEEPING,
+    append_raw,
+    claims_view,
+    events_of,
+    journal_lines,
+    replay,
+    temp_files,
+)
 
 import fleetclaims
 import fleetclaims.store.file as sf
@@ -35,13 +43,17 @@ NTH = range(1, 7)
 SCENARIOS = ("plain", "torn", "badsnap", "new")
 
 
-def _short_write(fd: int, data: bytes) -> int:
-    return os.write(fd, data[: max(1, len(data) // 2)])
+def _write(fd: int, data: bytes, offset: int | None) -> int:
+    return os.write(fd, data) if offset is None else os.pwrite(fd, data, offset)
 
 
-def _half_then_fail(fd: int, data: bytes) -> int:
+def _short_write(fd: int, data: bytes, offset: int | None = None) -> int:
+    return _write(fd, data[: max(1, len(data) // 2)], offset)
+
+
+def _half_then_fail(fd: int, data: bytes, offset: int | None = None) -> int:
     """Part of the line reaches the file, then the device fails."""
-    os.write(fd, data[: len(data) // 2])
+    _write(fd, data[: len(data) // 2], offset)
     raise OSError(errno.EIO, "injected EIO after a partial write")
 
 
@@ -78,8 +90,7 @@ def baselines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             reg.store.checkpoint()
             reg.close()
         if name == "torn":
-            with open(d / "audit.jsonl", "ab") as f:
-                f.write(b'{"seq":99,"ts":1.0,"type":"claim_cr')
+            append_raw(d / "audit.jsonl", b'{"seq":99,"ts":1.0,"type":"claim_cr')
         if name == "badsnap":
             data = bytearray((d / "claims.json").read_bytes())
             data[len(data) // 2] ^= 0x01

@@ -85,8 +85,10 @@ class _OS:
                 return error(*args)
         return real(*args)
 
-    def write(self, fd: int, data: bytes) -> int:
-        return int(self._call("write", os.write, fd, data))
+    def write(self, fd: int, data: bytes, offset: int | None = None) -> int:
+        if offset is None:
+            return int(self._call("write", os.write, fd, data))
+        return int(self._call("write", os.pwrite, fd, data, offset))
 
     def fsync(self, fd: int) -> None:
         self._call("fsync", os.fsync, fd)

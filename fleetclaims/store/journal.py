@@ -60,16 +60,28 @@ def apply_checked(state: State, event: dict[str, Any], offset: int, path: str) -
         ) from None
 
 
-def iter_lines(fd: int, start: int, end: int | None = None) -> Iterator[tuple[int, bytes, bool]]:
-    """(offset, line without newline, complete) for each line from ``start`` (to ``end``)."""
+def iter_lines(
+    fd: int, start: int, end: int | None = None, *, chunk_size: int = CHUNK
+) -> Iterator[tuple[int, bytes, bool]]:
+    """(offset, line without newline, complete) for each line from ``start`` (to ``end``).
+
+    The journal is preallocated with zero bytes (so an append rewrites allocated blocks and its
+    fdatasync needs no metadata commit); the first NUL byte is the end of the data."""
     pos = start
     pending = b""
     pending_at = start
+    want = chunk_size
     while end is None or pos < end:
-        want = CHUNK if end is None else min(CHUNK, end - pos)
+        if end is not None:
+            want = min(want, end - pos)
         chunk = os.pread(fd, want, pos)
+        want = CHUNK
         if not chunk:
             break
+        nul = chunk.find(b"\0")
+        if nul >= 0:
+            chunk = chunk[:nul]
+            end = pos + nul  # stop here: the rest is unused space
         pos += len(chunk)
         data = pending + chunk if pending else chunk
         base = pending_at
@@ -84,6 +96,32 @@ def iter_lines(fd: int, start: int, end: int | None = None) -> Iterator[tuple[in
         pending_at = base + cut
     if pending:
         yield pending_at, pending, False
+
+
+def first_nonzero(fd: int, start: int) -> int | None:
+    """Offset of the first non-zero byte at or after ``start``, or None (all zeros to EOF)."""
+    pos = start
+    while True:
+        chunk = os.pread(fd, CHUNK, pos)
+        if not chunk:
+            return None
+        stripped = chunk.lstrip(b"\0")
+        if stripped:
+            return pos + len(chunk) - len(stripped)
+        pos += len(chunk)
+
+
+def data_end(fd: int, start: int) -> int:
+    """Offset of the end of the data (first NUL byte or EOF) at or after ``start``."""
+    pos = start
+    while True:
+        chunk = os.pread(fd, CHUNK, pos)
+        if not chunk:
+            return pos
+        nul = chunk.find(b"\0")
+        if nul >= 0:
+            return pos + nul
+        pos += len(chunk)
 
 
 def line_before(fd: int, offset: int) -> tuple[int, bytes] | None:
@@ -259,33 +297,45 @@ def verify_fd(
     anchor_ok: bool | None = None if anchor is None else False
     count = 0
     torn = 0
-    for offset, line, complete in iter_lines(fd, 0, size):
-        if not complete:
-            torn = len(line)
+    pos = 0
+    while True:
+        for offset, line, complete in iter_lines(fd, pos):
+            if not complete:
+                torn = len(line)
+                break
+            expected = seq + 1
+            try:
+                _, digest = unseal(line)
+                if seq_of(line) != expected:
+                    event = orjson.loads(line)
+                    found = event.get("seq") if isinstance(event, dict) else None
+                    raise ChainError(f"expected seq {expected}, found {found!r}")
+                # prev sits right before the hash member; a bytes check avoids a full parse.
+                if line[-(75 + 74) : -75] != b',"prev":"' + prev.encode() + b'"':
+                    event = orjson.loads(line)
+                    if not isinstance(event, dict) or event.get("prev") != prev:
+                        raise ChainError("prev hash does not match the line before")
+            except (ChainError, orjson.JSONDecodeError) as exc:
+                return VerifyReport(False, count, offset, prev, str(exc), expected, offset,
+                                    anchor_ok)
+            seq = expected
+            prev = digest
+            count += 1
+            pos = offset + len(line) + 1
+            if anchor is not None and seq == anchor[0]:
+                anchor_ok = pos == anchor[1] and digest == anchor[2]
+            if progress is not None and count % 65536 == 0:
+                progress(offset, size)
+        # The data ends at the first NUL byte; everything after it must be unused (zero) space.
+        # A non-zero byte right at the end means a writer appended meanwhile: go on reading.
+        junk = first_nonzero(fd, pos + torn)
+        if junk is None:
             break
-        expected = seq + 1
-        try:
-            _, digest = unseal(line)
-            if seq_of(line) != expected:
-                event = orjson.loads(line)
-                found = event.get("seq") if isinstance(event, dict) else None
-                raise ChainError(f"expected seq {expected}, found {found!r}")
-            # prev sits right before the hash member; a bytes check avoids a full parse.
-            if line[-(75 + 74) : -75] != b',"prev":"' + prev.encode() + b'"':
-                event = orjson.loads(line)
-                if not isinstance(event, dict) or event.get("prev") != prev:
-                    raise ChainError("prev hash does not match the line before")
-        except (ChainError, orjson.JSONDecodeError) as exc:
-            return VerifyReport(False, count, offset, prev, str(exc), expected, offset, anchor_ok)
-        seq = expected
-        prev = digest
-        count += 1
-        if anchor is not None and seq == anchor[0]:
-            anchor_ok = offset + len(line) + 1 == anchor[1] and digest == anchor[2]
-        if progress is not None and count % 65536 == 0:
-            progress(offset, size)
-    if anchor is not None and anchor[0] == 0:
-        anchor_ok = anchor[1] == 0
-    if progress is not None:
-        progress(size, size)
-    return VerifyReport(True, count, size - torn, prev, None, None, None, anchor_ok, torn)
+        if junk == pos + torn:
+            torn = 0
+            continue
+        return VerifyReport(False, count, pos, prev,
+                            f"data found at byte {junk} after unused (zero) space at byte "
+                            f"{pos + torn}: lines lost or the file was damaged",
+                            seq + 1, pos, anchor_ok)
+    return VerifyReport(True, count, pos, prev, None, None, None, anchor_ok, torn)

@@ -396,6 +396,32 @@ class Registry:
                 found.append(claim)
         return found
 
+    def claims_data(
+        self,
+        owner: str | None = None,
+        include_expired: bool = False,
+        include_completed: bool = False,
+        include_released: bool = False,
+    ) -> list[dict[str, Any]]:
+        """``claims()`` as persisted dicts (sorted by task), without building Claim objects for
+        snapshot entries nothing has touched: what a cold ``fleetclaims list --json`` needs."""
+        if owner is not None:
+            owner = validate.owner(owner)
+        state = self.store.read()
+        now = self._now()
+        found = []
+        for _task, data in sorted(state.claims.raw_items()):
+            if owner is not None and data.get("owner") != owner:
+                continue
+            kind = data.get("state", ACTIVE)
+            if (kind == ACTIVE and not rules.lease_expired_data(data, now)) or (
+                (kind in (ACTIVE, EXPIRED) and include_expired)
+                or (kind == COMPLETED and include_completed)
+                or (kind == "released" and include_released)
+            ):
+                found.append(data)
+        return found
+
     def is_stale(self, claim: Claim) -> str | None:
         """Why ``claim`` may be taken over now, or None."""
         return rules.stale_reason(claim, self._now(), self._verdict(claim))

@@ -73,6 +73,18 @@ def lease_expired(claim: Claim, now: Now) -> bool:
     return now.wall >= claim.expires_at
 
 
+def lease_expired_data(data: dict[str, Any], now: Now) -> bool:
+    """``lease_expired`` over a persisted claim dict (listing without building objects)."""
+    expires = data.get("expires_at")
+    if expires is None:
+        return False
+    deadline = data.get("boot_deadline")
+    if deadline is not None and now.boot is not None and data.get("deadline_boot") == now.boot_id \
+            and now.boot_id:
+        return bool(now.boot >= deadline)
+    return bool(now.wall >= expires)
+
+
 def stale_reason(claim: Claim, now: Now, verdict: Verdict) -> str | None:
     """Why a live claim may be taken over, or None when it may not."""
     if claim.state == EXPIRED:

@@ -190,6 +190,25 @@ def pid_exists(pid: int) -> bool:
     return True
 
 
+def flock_holder(dev: int, ino: int) -> int | None:
+    """The PID holding a flock() on the file (dev, ino), from /proc/locks; None when unknown
+    (not Linux, or nobody). Asked only when a lock wait times out, to name the holder."""
+    try:
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    want = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
+    for line in text.splitlines():
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 12345 fd:01:123456 0 EOF" ("->" marks waiters)
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[2] != "->" and parts[5] == want:
+            try:
+                return int(parts[4])
+            except ValueError:
+                return None
+    return None
+
+
 def start_ticks(pid: int) -> int:
     found = probe(pid)
     return -1 if found.start is None else found.start

@@ -51,7 +51,7 @@ def _unlock(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-GEN_OFFSET = 128  # the holder stamp uses the bytes before it
+GEN_OFFSET = 128
 GEN_SIZE = 24
 
 
@@ -68,11 +68,9 @@ class RegistryLock:
         self.path = path
         self.timeout = timeout
         self.fd = -1
-        self._stamp = f"pid={os.getpid()}".encode()
 
     def open(self) -> None:
         self.fd = open_file(self.path, os.O_RDWR, create=True)
-        self._stamp = f"pid={os.getpid()} since=".encode()
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -91,9 +89,6 @@ class RegistryLock:
     def acquire(self) -> None:
         if not _try_lock(self.fd):
             self._wait()
-        # Who holds the lock, for the RegistryBusy message of a waiter that times out.
-        with contextlib.suppress(OSError):
-            os.pwrite(self.fd, self._stamp + f"{time.time():.3f}\n".encode().ljust(24), 0)
 
     def generation(self) -> int:
         """The journal generation: bumped (under the lock) whenever the journal is replaced or
@@ -145,13 +140,18 @@ class RegistryLock:
             pause = min(pause * 1.5, 0.002)
 
     def _busy(self) -> RegistryBusy:
+        # Who holds it, asked of the kernel only now (writing a stamp on every acquisition
+        # would cost each operation a syscall to serve this rare message).
+        from ..system import flock_holder, pid_exists
+
         holder = None
         try:
-            raw = os.pread(self.fd, 80, 0).decode("ascii", "replace").strip()
-            if raw:
-                holder = raw.split("\n")[0]
+            st = os.fstat(self.fd)
+            pid = flock_holder(st.st_dev, st.st_ino)
         except OSError:
-            pass
+            pid = None
+        if pid is not None:
+            holder = f"pid={pid}" + ("" if pid_exists(pid) else " (exited)")
         return RegistryBusy(str(self.path), self.timeout, holder)
 
 

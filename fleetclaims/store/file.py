@@ -193,7 +193,9 @@ class FileStore:
 
     def _transact(self, decide: Decide) -> tuple[Decision, State]:
         self._ensure_open()
-        with self._lock.held():
+        lock = self._lock
+        lock.acquire()  # (not lock.held(): a generator context manager costs ~1 us an op)
+        try:
             state = self._catch_up(writer=True)
             if state.seq == 0:  # an empty journal (a crash right after creating it)
                 self._append([{"type": ev.REGISTRY_CREATED, "origin": secrets.token_hex(8),
@@ -206,6 +208,8 @@ class FileStore:
                 # flushes of concurrent writers overlap and share one ext4 journal commit.
                 self._append(list(decision.events), now.wall, sync=False)
                 end = self._offset
+        finally:
+            lock.release()
         if end > start:
             if self.sync:
                 self._sync_appended(start, end)

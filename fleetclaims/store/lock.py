@@ -86,6 +86,9 @@ class RegistryLock:
         finally:
             _unlock(self.fd)
 
+    def release(self) -> None:
+        _unlock(self.fd)
+
     def acquire(self) -> None:
         if not _try_lock(self.fd):
             self._wait()

@@ -249,7 +249,8 @@ def test_killed_during_rebuild(tmp_path: Path) -> None:
 
 def test_every_crash_point_is_covered() -> None:
     """The suites above exercise every declared crash point."""
-    covered = {"journal.after_write", "journal.after_sync", "snapshot.during_write",
+    covered = {"journal.after_write", "journal.before_sync", "journal.after_sync",
+               "snapshot.during_write",
                "snapshot.after_fsync", "snapshot.after_rename", "repair.after_quarantine",
                "repair.after_truncate", "rebuild.after_quarantine"}
     assert set(CRASH_POINTS) == covered

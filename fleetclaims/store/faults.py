@@ -15,6 +15,7 @@ from typing import Any
 
 CRASH_POINTS = (
     "journal.after_write",  # line written, not yet fdatasync'ed
+    "journal.before_sync",  # lock released (others may append), not yet fdatasync'ed
     "journal.after_sync",  # durable, not yet acknowledged
     "snapshot.during_write",  # temp file half written
     "snapshot.after_fsync",  # temp file durable, not renamed

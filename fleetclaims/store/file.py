@@ -211,6 +211,7 @@ class FileStore:
         finally:
             lock.release()
         if end > start:
+            crash_point("journal.before_sync")
             if self.sync:
                 self._sync_appended(start, end)
             crash_point("journal.after_sync")

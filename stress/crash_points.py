@@ -25,7 +25,8 @@ def main() -> int:
          str(ROOT / "tests" / "test_crash_points.py")], env=env, cwd=ROOT, check=False)
     from fleetclaims.store.faults import CRASH_POINTS
 
-    print(f"crash points: {len(CRASH_POINTS)} points x {runs} runs each, {time.monotonic() - started:.1f}s, "
+    elapsed = time.monotonic() - started
+    print(f"crash points: {len(CRASH_POINTS)} points x {runs} runs each, {elapsed:.1f}s, "
           f"{'OK' if done.returncode == 0 else 'FAILED'}")
     return done.returncode
 

@@ -121,6 +121,7 @@ class FileStore:
         self._snap_size = 0
         self._poisoned: DurabilityError | None = None
         self._padding_checked = False
+        self._rebuild_owed = False
         self._swept_temps = False
         self.last_checkpoint_error: OSError | None = None
 
@@ -211,6 +212,7 @@ class FileStore:
             now = self.clock.now()
             decision = decide(state, now)
             start = end = self._offset
+            seq_before = state.seq
             if decision.events:
                 # Group commit: write under the lock, fdatasync after releasing it, so the
                 # flushes of concurrent writers overlap and share one ext4 journal commit.
@@ -221,20 +223,22 @@ class FileStore:
         if end > start:
             crash_point("journal.before_sync")
             if self.sync:
-                self._sync_appended(start, end)
+                self._sync_appended(start, end, seq_before)
             crash_point("journal.after_sync")
             if self._checkpoint_due():
                 self._checkpoint(unlocked=True)
         assert self._state is not None
         return decision, self._state
 
-    def _sync_appended(self, start: int, end: int) -> None:
+    def _sync_appended(self, start: int, end: int, seq_before: int) -> None:
         """Make our appended bytes [start, end) durable before acknowledging them.
 
         fdatasync flushes every dirty byte of the file, so an acknowledged line never follows
         a line that could vanish on power loss. On failure nothing is acknowledged and there is
         no retry: if nobody appended after us we cut our lines off again, else (others built on
-        them, and their own fdatasync reports the same error) we only refuse further use.
+        them, and their own fdatasync reports the same error) we only refuse further use. Nor
+        do we cut them off when a snapshot already covers them (a locked checkpoint, such as
+        doctor's, may have read them): the snapshot would be left ahead of the journal.
         """
         try:
             osc.fdatasync(self._fd)
@@ -242,12 +246,17 @@ class FileStore:
             what = "making the journal durable"
             try:
                 with self._lock.held():
-                    if os.pread(self._fd, 1, end) in (b"", b"\0"):  # nobody wrote after us
+                    if os.pread(self._fd, 1, end) in (b"", b"\0") and (  # nobody wrote after us
+                        _snapshot_seq(self.snapshot_path) <= seq_before  # nor snapshotted them
+                    ):
                         osc.ftruncate(self._fd, start)
-                        os.fsync(self._fd)
+                        # Bump before the fsync: the bytes are gone even if the fsync fails,
+                        # and handles that read them must not append past the new end.
                         self._lock.bump_generation()
+                        os.fsync(self._fd)
                     else:
-                        what += " (not undone: other writers appended after it)"
+                        what += (" (not undone: other writers appended after it or a "
+                                 "checkpoint covers it)")
             except (OSError, FleetclaimsError):
                 what += " (and undoing it)"
             error = DurabilityError(what, str(self.journal_path), exc)
@@ -261,7 +270,16 @@ class FileStore:
                 raise self._poisoned
             try:
                 self._ensure_open()
-                return self._catch_up(writer=False)
+                try:
+                    return self._catch_up(writer=False)
+                except AuditCorrupt:
+                    # Without the lock a read can overlap a writer cutting its lines back
+                    # (a failed fdatasync) and see half a line; that writer bumped the
+                    # generation first. Then reload once; real damage fails again.
+                    if self._fd < 0 or self._lock.generation() == self._generation:
+                        raise
+                    self._drop_state()
+                    return self._catch_up(writer=False)
             except OSError as exc:
                 raise self._io_failure("reading the registry", exc) from exc
 
@@ -269,11 +287,16 @@ class FileStore:
 
     def _open_journal(self, *, create: bool) -> bool:
         """Open the journal descriptor; False when there is no journal (and create is False)."""
+        # The generation before the open: read after it, a replacement (doctor --fix) landing
+        # in between would pair the old inode with the new generation, and this handle would
+        # never reload (readers open without the lock). Read before, such a race only costs a
+        # needless reload.
+        generation = self._lock.generation()
         try:
             self._fd = fsutil.open_file(self.journal_path, os.O_RDWR, create=create)
         except FileNotFoundError:
             return False
-        self._generation = self._lock.generation()
+        self._generation = generation
         self._alloc = os.fstat(self._fd).st_size
         return True
 
@@ -281,6 +304,10 @@ class FileStore:
         if writer and not self._swept_temps and self._fd >= 0:
             # A handle that first loaded as a reader still owes the writer's clean-up.
             self._sweep_temp_files()
+        if writer and self._rebuild_owed:
+            # Loaded by a reader over a damaged snapshot (rebuilt in memory only): reload under
+            # the lock, so the writer quarantines it and records registry_rebuilt.
+            self._drop_state()
         if self._state is not None and self._fd < 0:
             # A reader that found no journal yet: look again (a writer may have created it).
             self._drop_state()
@@ -307,8 +334,10 @@ class FileStore:
         self._state = None
         self._offset = 0
         self._padding_checked = False
+        self._rebuild_owed = False
 
     def _load(self, *, writer: bool) -> None:
+        self._rebuild_owed = False
         snap_exists = os.path.lexists(self.snapshot_path)
         if not self._open_journal(create=False):
             if snap_exists:
@@ -350,6 +379,8 @@ class FileStore:
             )
         if writer:
             self._rebuild_snapshot(problem)
+        else:
+            self._rebuild_owed = True
 
     def _read_snapshot(self) -> tuple[Snapshot | None, str | None]:
         try:
@@ -516,9 +547,11 @@ class FileStore:
         undone = True
         try:
             osc.ftruncate(self._fd, start)
+            # Other handles (readers take no lock) may have read the undone lines: bump at once,
+            # so they reload even if the fsync below fails.
+            self._lock.bump_generation()
             if self.sync:
                 os.fsync(self._fd)
-            self._lock.bump_generation()  # other handles may have read the undone lines
         except OSError:
             undone = False
         error = DurabilityError(

@@ -139,6 +139,11 @@ class RegistryLock:
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
         except _Timeout:
+            # The timer may fire just after flock() granted the lock (the handler runs at the
+            # next bytecode): we then hold it, and raising would leave it held for good. A
+            # last non-blocking try settles it (it succeeds on a lock this descriptor holds).
+            if _try_lock(self.fd):
+                return
             raise self._busy() from None
         finally:
             signal.signal(signal.SIGALRM, previous)

@@ -21,6 +21,16 @@ from .core.model import Identity, Now, Verdict
 
 _CLOCK_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
 
+# getpid() is a system call on current glibc and the write path asks on every operation (to
+# notice a fork); remember it, and forget it in a forked child.
+_PID = [os.getpid()]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+
+
+def current_pid() -> int:
+    return _PID[0]
+
 
 class Clock(Protocol):
     def now(self) -> Now: ...
@@ -221,7 +231,7 @@ class SystemProber:
         self._identity: Identity | None = None
 
     def identity(self) -> Identity:
-        pid = os.getpid()
+        pid = current_pid()
         if self._identity is None or self._identity.pid != pid:  # recomputed after fork
             facts = local_facts()
             self._identity = Identity(

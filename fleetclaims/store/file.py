@@ -31,7 +31,7 @@ from ..core.errors import (
 )
 from ..core.model import State
 from ..core.rules import Decision
-from ..system import Clock, pid_exists, unsafe_filesystem
+from ..system import Clock, current_pid, pid_exists, unsafe_filesystem
 from . import fsutil
 from .base import Decide, VerifyReport
 from .faults import crash_point, osc
@@ -114,6 +114,7 @@ class FileStore:
         self._lock = RegistryLock(self.directory / LOCK, lock_timeout)
         self._fd = -1
         self._generation = 0
+        self._others_wrote = True
         self._alloc = 0
         self._state: State | None = None
         self._offset = 0
@@ -132,7 +133,7 @@ class FileStore:
         return self.durability == "full"
 
     def _ensure_open(self) -> None:
-        pid = os.getpid()
+        pid = current_pid()
         if self._pid == pid:
             return
         # First use, or we are a forked child: never share lock or journal descriptors (and
@@ -194,10 +195,11 @@ class FileStore:
 
     def _transact(self, decide: Decide) -> tuple[Decision, State]:
         self._ensure_open()
-        if self._state is not None:
+        if self._state is not None and self._others_wrote:
             # Read what other writers appended before taking the lock (readers need none), so
             # the critical section only has the last few lines left to apply: under contention
-            # that is most of the work a writer does for others.
+            # that is most of the work a writer does for others. (Skipped while nobody else
+            # writes: then it would only cost two syscalls an operation.)
             try:
                 self._catch_up(writer=False)
             except FleetclaimsError:
@@ -205,7 +207,9 @@ class FileStore:
         lock = self._lock
         lock.acquire()  # (not lock.held(): a generator context manager costs ~1 us an op)
         try:
+            seen = self._offset
             state = self._catch_up(writer=True)
+            self._others_wrote = self._offset != seen
             if state.seq == 0:  # an empty journal (a crash right after creating it)
                 self._append([{"type": ev.REGISTRY_CREATED, "origin": secrets.token_hex(8),
                                "actor": "fleetclaims"}], self.clock.now().wall)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
 
 from .errors import ValidationError
 
@@ -60,6 +59,8 @@ def iso(ts: float | None) -> str:
     if ts is None:
         return "-"
     try:
+        from datetime import datetime, timezone  # lazily: most commands never format a time
+
         stamp = datetime.fromtimestamp(ts, tz=timezone.utc)
     except (OverflowError, OSError, ValueError):
         return repr(ts)
@@ -75,6 +76,8 @@ def parse_instant(text: str, now: float, field: str = "time") -> float:
     if re.fullmatch(r"[\d.]+(ms|s|m|h|d|w)([\d.]+(ms|s|m|h|d|w))*", value.lower()):
         return now - parse_duration(value, field)
     try:
+        from datetime import datetime, timezone
+
         stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise ValidationError(

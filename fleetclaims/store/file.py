@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import secrets
 import threading
@@ -49,8 +48,6 @@ from .journal import (
     verify_fd,
 )
 from .lock import RegistryLock
-
-log = logging.getLogger("fleetclaims")
 
 JOURNAL = "audit.jsonl"
 SNAPSHOT = "claims.json"
@@ -651,7 +648,11 @@ class FileStore:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             self.last_checkpoint_error = exc if isinstance(exc, OSError) else OSError(str(exc))
-            log.warning("fleetclaims: checkpoint of %s skipped: %s", self.location, exc)
+            import logging  # imported on this rare path only (~4 ms of a cold command)
+
+            logging.getLogger("fleetclaims").warning(
+                "fleetclaims: checkpoint of %s skipped: %s", self.location, exc
+            )
             return
         self._snap_offset = self._offset
         self._snap_size = len(data)

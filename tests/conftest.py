@@ -14,6 +14,13 @@ from fleetclaims.testing import FakeClock, FakeProber
 STORES = ["file", "memory", "postgres"]
 
 
+@pytest.fixture(autouse=True)
+def _isolated_default_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test may touch the repository's own .cache/fleetclaims/ (the default location)."""
+    monkeypatch.setenv("FLEETCLAIMS_DIR", str(tmp_path / "default-registry"))
+    monkeypatch.delenv("FLEETCLAIMS_URL", raising=False)
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()

@@ -83,6 +83,7 @@ class Registry:
         allow_unsafe_fs: bool | None = None,
         store: Store | None = None,
         schema: str | None = None,
+        create: bool = True,
     ) -> None:
         from .location import is_url, resolve
 
@@ -110,7 +111,7 @@ class Registry:
 
                 self.store = FileStore(
                     location, clock=self.clock, durability=durability,
-                    lock_timeout=lock_timeout, allow_unsafe_fs=allow_unsafe_fs,
+                    lock_timeout=lock_timeout, allow_unsafe_fs=allow_unsafe_fs, create=create,
                 )
         self.location = self.store.location
 
@@ -333,8 +334,14 @@ class Registry:
         from .core.merge import plan_merge
 
         who = validate.owner(actor, "actor")
+        if not isinstance(other, Registry):
+            from .location import is_url
+
+            where = os.fspath(other)
+            if not is_url(where) and not os.path.isdir(where):
+                raise ValidationError("other", "is not a registry directory", value=where)
         source = other if isinstance(other, Registry) else Registry(
-            other, clock=self.clock, prober=self.prober, allow_unsafe_fs=True
+            other, clock=self.clock, prober=self.prober, allow_unsafe_fs=True, create=False
         )
         report = source.verify()
         if not report.ok:

@@ -556,7 +556,9 @@ def cmd_events(args: argparse.Namespace, out: Out) -> int:
 def cmd_sweep(args: argparse.Namespace, out: Out) -> int:
     report = _registry(args).sweep(dry_run=args.dry_run, actor=args.actor)
     if out.json:
-        out.doc({"dry_run": args.dry_run, "found": [vars(i) for i in report.found]})
+        out.doc({"dry_run": args.dry_run, "found": [
+            {"task": i.task, "owner": i.owner, "fence": i.fence, "reason": i.reason}
+            for i in report.found]})
         return EXIT_OK
     if not report.found:
         out.line("nothing stale")
@@ -672,6 +674,10 @@ def cmd_audit(args: argparse.Namespace, out: Out) -> int:
         return EXIT_OK
     cursor = args.after
     page = reg.events(after=cursor, limit=args.limit, **filters)
+    if out.json and not args.follow:  # one document; only the --follow stream is line by line
+        out.doc({"events": [e.data for e in page.events], "next_cursor": page.next_cursor,
+                 "more": page.more})
+        return EXIT_OK
     _print_events(out, [e.data for e in page.events], header=not args.follow)
     if not args.follow:
         if not out.json:
@@ -723,9 +729,14 @@ def _audit_verify(args: argparse.Namespace, out: Out) -> int:
                "offset": report.offset, "snapshot_anchored": report.anchor_ok,
                "torn_tail_bytes": report.torn_tail, "seconds": round(elapsed, 3)}
         out.doc(doc)
+    elif report.ok and report.anchor_ok is False:
+        out.line(out.paint("DAMAGED", "31;1") + f": the journal verifies ({report.events} events, "
+                 f"head {report.head[:16]}…) but the snapshot claims.json does not match it: "
+                 f"{report.error or 'not anchored in the journal'}")
+        out.line("run `fleetclaims doctor --fix` to rebuild the snapshot from the journal "
+                 "(the old one goes to quarantine/)")
     elif report.ok:
-        anchor = {None: "no snapshot", True: "snapshot anchored",
-                  False: "SNAPSHOT NOT ANCHORED"}[report.anchor_ok]
+        anchor = {None: "no snapshot", True: "snapshot anchored"}[report.anchor_ok]
         out.line(f"ok: {report.events} events verified ({report.bytes} bytes, "
                  f"{format_duration(elapsed)}), head {report.head[:16]}…, {anchor}")
         if report.torn_tail:

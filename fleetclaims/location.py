@@ -17,12 +17,14 @@ def resolve(path: str | os.PathLike[str] | None = None, cwd: Path | None = None)
     tree of the enclosing git repository; then the platform's user state directory."""
     if path is not None:
         text = os.fspath(path)
+        _check_scheme(text)
         return text if is_url(text) else str(Path(text).expanduser().absolute())
     url = os.environ.get("FLEETCLAIMS_URL")
     if url:
         return url
     env_dir = os.environ.get("FLEETCLAIMS_DIR")
     if env_dir:
+        _check_scheme(env_dir)
         return env_dir if is_url(env_dir) else str(Path(env_dir).expanduser().absolute())
     root = git_main_worktree(cwd or Path.cwd())
     if root is not None:
@@ -30,6 +32,18 @@ def resolve(path: str | os.PathLike[str] | None = None, cwd: Path | None = None)
     from platformdirs import user_state_dir
 
     return str(Path(user_state_dir("fleetclaims", appauthor=False)) / "registry")
+
+
+def _check_scheme(text: str) -> None:
+    """A URL of a scheme we do not serve is a mistake, not a directory name to create."""
+    scheme, sep, _ = text.partition("://")
+    if sep and scheme.isalnum() and not is_url(text):
+        from .core.errors import ValidationError
+
+        raise ValidationError(
+            "registry location", f"{scheme}:// is not supported; use a directory or a "
+            "postgresql:// URL", value=text,
+        )
 
 
 def git_main_worktree(start: Path) -> Path | None:

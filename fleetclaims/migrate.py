@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .core.errors import AuditCorrupt, RegistryCorrupt
+from .core.errors import AuditCorrupt, RegistryCorrupt, ValidationError
 from .location import is_url, resolve
 from .store.base import VerifyReport
 
@@ -110,7 +110,9 @@ def copy_registry(
     src = resolve(src_location)
     dst = resolve(dst_location)
     if src == dst and src_schema == dst_schema:
-        raise RegistryCorrupt(dst, "source and target are the same registry")
+        raise ValidationError("target", "is the source registry itself", value=dst)
+    if not is_url(src) and not (Path(src) / "audit.jsonl").exists():
+        raise ValidationError("source", "holds no registry (no audit.jsonl)", value=src)
     lines = read_journal_lines(src, schema=src_schema)
     target = _open(dst, dst_schema)
     try:

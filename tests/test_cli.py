@@ -137,7 +137,7 @@ def test_audit_filters_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[
     reg.claim("t2", owner="bob")
     reg.complete("t1", token=a.token or "")
     code, out, _ = run_cli(["audit", "--dir", d, "--owner", "alice", "--json"], capsys)
-    events = [json.loads(line) for line in out.splitlines()]
+    events = json.loads(out)["events"]  # one document (only --follow streams line by line)
     assert code == 0 and [e["type"] for e in events] == ["claim_created", "claim_completed"]
     _, out, _ = run_cli(["audit", "--dir", d, "--type", "claim_created", "--since", "1h"], capsys)
     assert "t1" in out and "t2" in out and "claim_completed" not in out
@@ -313,3 +313,35 @@ def test_colour_only_on_tty_and_never_with_no_color(monkeypatch: pytest.MonkeyPa
     assert "\x1b[" not in Out(True, Terminal()).paint("x", "31")
     monkeypatch.setenv("NO_COLOR", "1")
     assert "\x1b[" not in Out(False, Terminal()).paint("x", "31")
+
+
+def test_json_sweep_and_claim_repr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """sweep --json lists what it found (as data); a Claim's repr never shows its token."""
+    d = str(tmp_path / "r")
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    run_cli(["claim", "t1", "--owner", "ghost", "--pid", str(child.pid), "--dir", d], capsys)
+    child.wait()
+    for extra in (["--dry-run"], []):
+        code, out, _ = run_cli(["sweep", "--dir", d, "--json", *extra], capsys)
+        found = json.loads(out)["found"]
+        assert code == 0 and found[0]["task"] == "t1" and "no longer exists" in found[0]["reason"]
+    c = Registry(tmp_path / "r2").claim("t", owner="a")
+    assert c.token and c.token not in repr(c)
+
+
+def test_mistyped_locations_are_refused(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing merge source or migrate source, or an unknown URL scheme, is a usage error
+    that creates nothing; migrating into a registry that exists is one too."""
+    d = str(tmp_path / "r")
+    Registry(d).claim("t", owner="a")
+    missing = tmp_path / "missing"
+    assert run_cli(["merge", str(missing), "--dir", d], capsys)[0] == 2
+    assert run_cli(["migrate", "--from", str(missing), "--to", str(tmp_path / "x")], capsys)[0] == 2
+    assert not missing.exists() and not (tmp_path / "x").exists()
+    code, _, err = run_cli(["list", "--dir", "mysql://db/x"], capsys)
+    assert code == 2 and "postgresql://" in err
+    other = tmp_path / "other"
+    Registry(other).claim("u", owner="b")
+    code, _, err = run_cli(["migrate", "--from", d, "--to", str(other)], capsys)
+    assert code == 2 and "already holds a registry" in err

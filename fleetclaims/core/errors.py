@@ -84,7 +84,12 @@ class ClaimConflict(FleetclaimsError):
         self.stale = stale
         self.phase = phase
         expiry = "never (parked)" if expires_at is None else f"at {_iso(expires_at)}"
-        if stale:
+        if "same owner name" in reason:
+            hint = (
+                "If that claim is yours, pass its token (--token or FLEETCLAIMS_TOKEN) to renew "
+                "or complete it; otherwise wait for it to be released."
+            )
+        elif stale:
             hint = (
                 f"The claim is stale ({reason}); take it over with "
                 f"`fleetclaims recover {task} --owner YOU --reason ...` "

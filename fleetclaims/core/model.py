@@ -155,7 +155,7 @@ class Claim:
     seq: int = 0  # last journal seq that changed this claim
     eid: str = ""  # identity of that event (origin:seq), used when merging registries
     retired: tuple[Retired, ...] = ()
-    token: str | None = field(default=None, compare=False)
+    token: str | None = field(default=None, compare=False, repr=False)  # a secret: never logged
 
     @property
     def live(self) -> bool:

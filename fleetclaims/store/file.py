@@ -740,8 +740,9 @@ class FileStore:
             self._ensure_open()
             with self._lock.held():
                 if os.path.lexists(self.journal_path) and os.path.getsize(self.journal_path) > 0:
-                    raise RegistryCorrupt(self.location, "the target registry is not empty",
-                                          hint="Migrate into an empty directory.")
+                    raise ValidationError(
+                        "target", f"{self.location} already holds a registry; migrate into an "
+                        "empty directory")
                 self._drop_state()
                 self._open_journal(create=True)
                 data = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)

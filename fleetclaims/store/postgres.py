@@ -52,6 +52,7 @@ from ..core.errors import (
     RegistryBusy,
     RegistryCorrupt,
     StoreUnavailable,
+    ValidationError,
 )
 from ..core.model import GENESIS, Claim, ClaimTable, Now, State
 from ..core.rules import Decision
@@ -776,8 +777,9 @@ class PostgresStore:
                     row = conn.execute(self._sql_head_lock).fetchone()
                     count = conn.execute(f"SELECT count(*) FROM {self._s}.audit").fetchone()
                     if row is None or int(row[0]) != 0 or (count and int(count[0]) != 0):
-                        raise RegistryCorrupt(self.location, "the target registry is not empty",
-                                              hint="Migrate into an empty schema.")
+                        raise ValidationError(
+                            "target", f"{self.location} already holds a registry; migrate into "
+                            "an empty schema")
                     table = PgClaimTable(self, complete=True)
                     state = State(table)
                     where = f"{self.location} (import)"

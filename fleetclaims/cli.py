@@ -616,7 +616,10 @@ def cmd_doctor(args: argparse.Namespace, out: Out) -> int:
         out.doc(report.to_dict())
     else:
         for f in report.findings:
-            mark = "fixed" if f.fixed else ("ok" if f.kind == "ok" else "PROBLEM")
+            if f.severity in ("warning", "info"):
+                mark = f.severity
+            else:
+                mark = "fixed" if f.fixed else ("ok" if f.kind == "ok" else "PROBLEM")
             out.line(f"[{mark}] {f.message}")
         if report.ok:
             out.line("registry is healthy" if not args.fix else "registry is healthy now")

@@ -305,10 +305,15 @@ def _check_journal(path: Path, journal: _Journal, snapshot: Snapshot | None,
                        "acknowledged history is gone; --fix starts a new journal that records the "
                        "snapshot's claims")
             return snapshot is not None
+        if _lock_generation(path) > 0:
+            report.add("journal_missing", "the journal is missing, but this registry had one and "
+                       "there is no snapshot to recover from; --fix starts a new journal that "
+                       "records the loss (fences restart)")
+            return True
         return False
     salvage = False
     if journal.break_seq is not None:
-        lost = len(journal.data) - journal.good_end
+        lost = len(journal.data.split(b"\0", 1)[0]) - journal.good_end
         report.add("journal_corrupt", f"the journal is broken at seq {journal.break_seq}, byte "
                    f"offset {journal.break_offset}: {journal.break_reason}; {lost} bytes after "
                    "the verified prefix; --fix keeps the prefix and quarantines the original",
@@ -411,6 +416,42 @@ def _salvage(path: Path, journal: _Journal, snapshot: Snapshot | None,
                    "break": {"seq": journal.break_seq, "offset": journal.break_offset,
                              "reason": journal.break_reason}},
         ).name
+    carried, fence_floor, _ = _carry_forward(state, lost)
+    if snap_name is None and (carried or fence_floor > state.fence):
+        # Only the verified prefix is kept (DESIGN), but never silently: the claims that the
+        # intact lines after the break recorded are named here and in doctor's report, and the
+        # fence counter never goes back below a fence that was handed out, so a holder of a
+        # claim that was lost is fenced out by whoever claims the task next.
+        lost_claims = [{"task": c.task, "owner": c.owner, "fence": c.fence, "state": c.state}
+                       for c in carried]
+        fields = {
+            "type": ev.REGISTRY_REBUILT, "actor": "doctor",
+            "reason": f"journal broken at seq {journal.break_seq}; kept the verified prefix "
+            f"(seq {state.seq}); {len(lost_claims)} claim records after the break were not "
+            "restored (see lost_claims and the quarantined journal)",
+            "journal_quarantined": original, "fence_floor": fence_floor,
+            "claims": [], "lost_claims": lost_claims[:1000],
+        }
+        obj = envelope(state.seq + 1, time.time(), fields, state.head)
+        line, _ = seal(orjson.dumps(obj))
+        extra_lines.append(line)
+        if lost_claims:
+            shown = ", ".join(f"{c['task']} ({c['owner']}, fence {c['fence']}, {c['state']})"
+                              for c in lost_claims[:10])
+            more = "" if len(lost_claims) <= 10 else f" and {len(lost_claims) - 10} more"
+            report.add("claims_lost", f"not restored (recorded after the break; kept in the "
+                       f"quarantined journal): {shown}{more}; their holders will be told they "
+                       "no longer hold them, and new claims get higher fences", WARNING,
+                       lost=lost_claims[:1000]).fixed = True
+    if not journal.exists and recovered is None:
+        fields = {
+            "type": ev.REGISTRY_REBUILT, "actor": "doctor", "origin": secrets.token_hex(8),
+            "reason": "the journal was missing and no snapshot could restore it: a new journal "
+            "starts here; claims held before are not known to this registry", "claims": [],
+        }
+        obj = envelope(1, time.time(), fields, state.head)
+        line, _ = seal(orjson.dumps(obj))
+        extra_lines.append(line)
     if snap_name is not None and recovered is not None:
         claims = [Claim.to_dict(c) for c in recovered.claims.values()]
         fields = {
@@ -418,7 +459,7 @@ def _salvage(path: Path, journal: _Journal, snapshot: Snapshot | None,
             "reason": f"the snapshot (seq {recovered.seq} with the lines chained after it) was "
             f"ahead of the verified journal (seq {state.seq}); its claims are re-recorded",
             "quarantined": snap_name, "journal_quarantined": original,
-            "origin": recovered.origin, "fence_floor": recovered.fence,
+            "origin": recovered.origin, "fence_floor": max(recovered.fence, fence_floor),
             "claims": claims,
         }
         obj = envelope(state.seq + 1, time.time(), fields, state.head)
@@ -444,6 +485,54 @@ def _salvage(path: Path, journal: _Journal, snapshot: Snapshot | None,
     if snap_name is None and os.path.lexists(path / SNAPSHOT):
         # Anchored to the old journal (or damaged): rebuilt from the salvaged one.
         fsutil.quarantine_file(path, path / SNAPSHOT, "doctor: journal salvaged")
+
+
+def _lock_generation(path: Path) -> int:
+    if not (path / LOCK).is_file():
+        return 0
+    lock = RegistryLock(path / LOCK, timeout=0)
+    lock.open()
+    try:
+        return lock.generation()
+    finally:
+        lock.close()
+
+
+def _carry_forward(state: State, lost: bytes) -> tuple[list[Claim], int, dict[str, Any]]:
+    """Replay the intact lines after a break onto a copy of the verified state.
+
+    Returns the claims that differ from the verified state, the highest fence seen anywhere
+    after the break, and a summary (applied count, skipped seqs). Lines that fail their own
+    hash, do not parse or cannot be applied are skipped, never guessed at."""
+    from .core.chain import ChainError, unseal
+
+    replayed = state.copy()
+    fence = state.fence
+    applied = 0
+    skipped: list[Any] = []
+    for raw in lost.split(b"\0", 1)[0].split(b"\n"):
+        if not raw:
+            continue
+        try:
+            unseal(raw)
+            event = orjson.loads(raw)
+        except (ChainError, orjson.JSONDecodeError):
+            skipped.append(None)
+            continue
+        if not isinstance(event, dict):
+            skipped.append(None)
+            continue
+        if isinstance(event.get("fence"), int) and not isinstance(event.get("fence"), bool):
+            fence = max(fence, event["fence"])
+        if isinstance(event.get("fence_floor"), int):
+            fence = max(fence, event["fence_floor"])
+        try:
+            ev.apply(replayed, event)
+            applied += 1
+        except (KeyError, TypeError, ValueError, AttributeError, FleetclaimsError):
+            skipped.append(event.get("seq"))
+    changed = [c for c in replayed.claims.values() if state.claims.get(c.task) != c]
+    return changed, fence, {"applied": applied, "skipped": skipped}
 
 
 def _describe(data: bytes) -> list[dict[str, Any]]:

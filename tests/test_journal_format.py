@@ -150,3 +150,48 @@ def test_no_stat_of_the_journal_between_writes(tmp_path: Path,
         c = reg.claim(f"t{i}", owner="a")
         reg.release(c.task, token=c.token)
     assert seen == []
+
+
+def test_deleted_journal_is_damage_not_an_empty_registry(tmp_path: Path) -> None:
+    """A registry whose journal vanished (and which has no snapshot yet) reports damage
+    instead of starting over silently; doctor --fix records the loss and starts anew."""
+    from fleetclaims import RegistryCorrupt, doctor
+
+    d = tmp_path / "r"
+    Registry(d).claim("t1", owner="a")
+    os.unlink(d / "audit.jsonl")
+    with pytest.raises(RegistryCorrupt, match="journal is missing"):
+        Registry(d).claims()
+    with pytest.raises(RegistryCorrupt):
+        Registry(d).claim("t1", owner="b")
+    assert not doctor.check(d).ok
+    assert doctor.check(d, fix=True).ok
+    reg = Registry(d)
+    assert reg.events(limit=10).events[0].type == "registry_rebuilt"
+    assert reg.claim("t1", owner="b").owner == "b"
+
+
+def test_doctor_never_reissues_a_fence_and_names_lost_claims(tmp_path: Path) -> None:
+    """A byte flipped mid-journal: doctor --fix keeps the verified prefix, names the claims
+    recorded after the break that it could not restore, and new grants get fences above every
+    fence handed out before (a holder of a lost claim is fenced out)."""
+    from fleetclaims import doctor
+
+    d = tmp_path / "r"
+    reg = Registry(d)
+    for i in range(1, 7):
+        reg.claim(f"d{i}", owner="o")
+    reg.close()
+    path = d / "audit.jsonl"
+    raw = bytearray(path.read_bytes())
+    lines = bytes(raw).split(b"\n")
+    at = sum(len(x) + 1 for x in lines[:3]) + 30  # inside seq 4 (d3)
+    raw[at] = ord("X") if raw[at] != ord("X") else ord("Y")
+    path.write_bytes(bytes(raw))
+    report = doctor.check(d, fix=True)
+    assert report.ok
+    lost = [f for f in report.findings if f.kind == "claims_lost"]
+    assert lost and {c["task"] for c in lost[0].details["lost"]} == {"d4", "d5", "d6"}
+    fresh = Registry(d)
+    c = fresh.claim("d4", owner="intruder")
+    assert c.fence > 6  # above every fence handed out before the damage

@@ -341,10 +341,11 @@ class FileStore:
         self._rebuild_owed = False
         snap_exists = os.path.lexists(self.snapshot_path)
         if not self._open_journal(create=False):
-            if snap_exists:
+            if snap_exists or self._lock.generation() > 0:
                 raise RegistryCorrupt(
                     str(self.journal_path),
-                    "the journal is missing but a snapshot exists",
+                    "the journal is missing, but this registry had one"
+                    + (" and a snapshot exists" if snap_exists else ""),
                     hint="Run `fleetclaims doctor --fix` to start a new journal from the snapshot.",
                 )
             if not writer:
@@ -464,6 +465,10 @@ class FileStore:
 
     def _create_journal(self) -> None:
         self._open_journal(create=True)
+        # Remember that this registry has a journal (generation >= 1): if it ever vanishes, a
+        # reader reports damage instead of an empty registry.
+        self._lock.bump_generation()
+        self._generation = self._lock.generation()
         self._state = State()
         self._offset = 0
         if self.sync:

@@ -136,10 +136,14 @@ def _data_doc(data: dict[str, Any], now: float) -> dict[str, Any]:
     return doc
 
 
-def _claim_rows(claims: Sequence[Claim], now: float) -> list[list[str]]:
+def _claim_rows(claims: Sequence[Claim], now: float,
+                stale: Callable[[Claim], str | None] | None = None) -> list[list[str]]:
     rows = []
     for c in claims:
-        if c.state == "active":
+        why = stale(c) if stale is not None and c.live else None
+        if why is not None and c.state == "active" and why.startswith("owner dead"):
+            exp = "STALE: " + why  # the lease still runs, but its owner is gone
+        elif c.state == "active":
             exp = "parked" if c.expires_at is None else (
                 "expired " + relative(c.expires_at, now) if c.expires_at <= now
                 else "expires " + relative(c.expires_at, now))
@@ -502,7 +506,7 @@ def cmd_list(args: argparse.Namespace, out: Out) -> int:
         out.line("no claims" + ("" if args.all else " (use --all to include finished ones)"))
         return EXIT_OK
     out.table(["TASK", "OWNER", "FENCE", "PHASE", "STATE", "LEASE", "NOTE"],
-              _claim_rows(claims, now))
+              _claim_rows(claims, now, reg.is_stale))
     return EXIT_OK
 
 

@@ -345,3 +345,16 @@ def test_mistyped_locations_are_refused(tmp_path: Path,
     Registry(other).claim("u", owner="b")
     code, _, err = run_cli(["migrate", "--from", d, "--to", str(other)], capsys)
     assert code == 2 and "already holds a registry" in err
+
+
+def test_list_marks_claims_of_dead_owners(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """list shows a claim whose owner process is gone as STALE, before any sweep."""
+    d = str(tmp_path / "r")
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    run_cli(["claim", "t1", "--owner", "ghost", "--pid", str(child.pid), "--dir", d], capsys)
+    run_cli(["claim", "t2", "--owner", "alive", "--dir", d], capsys)
+    child.wait()
+    code, out, _ = run_cli(["list", "--dir", d], capsys)
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert code == 0 and "STALE: owner dead" in rows["t1"] and "STALE" not in rows["t2"]

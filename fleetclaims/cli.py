@@ -366,8 +366,12 @@ def _show_claim(out: Out, c: Claim, verb: str) -> None:
     if out.json:
         out.doc(claim_doc(c, now))
         return
-    exp = "no expiry (parked)" if c.expires_at is None else (
-        f"expires {relative(c.expires_at, now)} ({iso(c.expires_at)})")
+    if c.state != "active":
+        exp = f"{c.state} {relative(c.ended_at, now)}"
+    elif c.expires_at is None:
+        exp = "no expiry (parked)"
+    else:
+        exp = f"expires {relative(c.expires_at, now)} ({iso(c.expires_at)})"
     out.line(f"{out.paint(verb, '32')} {c.task} for {c.owner}: fence {c.fence}, phase {c.phase}, "
              f"{exp}")
     if c.token:

@@ -52,6 +52,8 @@ def relative(ts: float | None, now: float, *, future: str = "in {}", past: str =
     if ts is None:
         return "never"
     delta = ts - now
+    if abs(delta) < 1:
+        return "just now"
     return (future if delta >= 0 else past).format(format_duration(delta))
 
 

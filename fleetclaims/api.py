@@ -41,6 +41,17 @@ if TYPE_CHECKING:  # imported where used: a cold CLI command should not pay for 
 Durability = Literal["full", "process"]
 
 
+def _listed(state: str, unexpired: bool, expired: bool, completed: bool, released: bool) -> bool:
+    """Whether claims()/claims_data() list a claim in ``state``: live ones always, the rest
+    when asked for."""
+    return (
+        unexpired
+        or (state in (ACTIVE, EXPIRED) and expired)
+        or (state == COMPLETED and completed)
+        or (state == "released" and released)
+    )
+
+
 def new_token() -> str:
     """A fresh secret token: 192 bits from the OS CSPRNG via ``secrets``."""
     return secrets.token_urlsafe(24)
@@ -393,13 +404,9 @@ class Registry:
         for claim in state.claims.values():
             if owner is not None and claim.owner != owner:
                 continue
-            live = claim.state == ACTIVE and not rules.lease_expired(claim, now)
-            if (
-                live
-                or (claim.live and include_expired)
-                or (claim.state == COMPLETED and include_completed)
-                or (claim.state == "released" and include_released)
-            ):
+            unexpired = claim.state == ACTIVE and not rules.lease_expired(claim, now)
+            if _listed(claim.state, unexpired, include_expired, include_completed,
+                       include_released):
                 found.append(claim)
         return found
 
@@ -421,11 +428,8 @@ class Registry:
             if owner is not None and data.get("owner") != owner:
                 continue
             kind = data.get("state", ACTIVE)
-            if (kind == ACTIVE and not rules.lease_expired_data(data, now)) or (
-                (kind in (ACTIVE, EXPIRED) and include_expired)
-                or (kind == COMPLETED and include_completed)
-                or (kind == "released" and include_released)
-            ):
+            unexpired = kind == ACTIVE and not rules.lease_expired_data(data, now)
+            if _listed(kind, unexpired, include_expired, include_completed, include_released):
                 found.append(data)
         return found
 

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from fleetclaims.system import pid_exists
+
 RUN_AS = "postgres"
 _BINARIES = ("initdb", "pg_ctl", "postgres")
 
@@ -148,7 +150,7 @@ class PgServer:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and _alive(pid):
+            while time.monotonic() < deadline and pid_exists(pid):
                 time.sleep(0.02)
         # The shared memory and socket lock files are cleaned up by the next start.
 
@@ -158,7 +160,7 @@ class PgServer:
         except (OSError, IndexError):
             return None
         pid = int(first)
-        return pid if _alive(pid) else None
+        return pid if pid_exists(pid) else None
 
     def read_log(self) -> str:
         try:
@@ -189,16 +191,6 @@ class PgServer:
 
     def __exit__(self, *exc: object) -> None:
         self.destroy()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _quote(arg: str) -> str:

@@ -222,21 +222,29 @@ def test_merge_of_a_copy_that_diverged(tmp_path: Path) -> None:
         a.merge(tmp_path / "a")
 
 
-def test_merge_threads_through_concurrent_merges() -> None:
-    """Merging is safe while other writers run (it is one transaction)."""
+def test_merge_while_another_writer_runs(tmp_path: Path) -> None:
+    """A merge is one transaction: run beside a writer thread on the same registry, the
+    journal stays one valid chain, every write and every merged claim is there."""
     clock = FakeClock()
-    r = memory_registry(clock)
+    a = Registry(tmp_path / "a", clock=clock, prober=FakeProber())
+    b = Registry(tmp_path / "b", clock=clock, prober=FakeProber())
+    for i in range(20):
+        b.claim(f"from-b-{i}", owner="bob")
     errors: list[BaseException] = []
 
     def writer() -> None:
         try:
-            for i in range(50):
-                c = r.claim(f"w{i}", owner="w")
-                r.release(c.task, token=c.token)
+            for i in range(100):
+                c = a.claim(f"w{i}", owner="w")
+                a.release(c.task, token=c.token)
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
     t = threading.Thread(target=writer)
     t.start()
+    plan = a.merge(tmp_path / "b")
     t.join()
-    assert not errors and r.verify().ok
+    assert not errors and plan.imported >= 20
+    assert a.verify().ok
+    assert {f"from-b-{i}" for i in range(20)} <= {c.task for c in a.claims()}
+    assert sum(1 for e in a.events(limit=10_000).events if e.type == "claim_released") == 100

@@ -50,5 +50,5 @@ def test_inside_a_repository_and_outside(tmp_path: Path, monkeypatch: pytest.Mon
     outside = tmp_path / "plain"
     outside.mkdir()
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    if git_main_worktree(outside) is None:
-        assert resolve(cwd=outside).startswith(str(tmp_path / "state"))
+    assert git_main_worktree(outside) is None  # pytest's tmp_path is outside any repository
+    assert resolve(cwd=outside).startswith(str(tmp_path / "state"))

@@ -111,19 +111,6 @@ def first_nonzero(fd: int, start: int) -> int | None:
         pos += len(chunk)
 
 
-def data_end(fd: int, start: int) -> int:
-    """Offset of the end of the data (first NUL byte or EOF) at or after ``start``."""
-    pos = start
-    while True:
-        chunk = os.pread(fd, CHUNK, pos)
-        if not chunk:
-            return pos
-        nul = chunk.find(b"\0")
-        if nul >= 0:
-            return pos + nul
-        pos += len(chunk)
-
-
 def line_before(fd: int, offset: int) -> tuple[int, bytes] | None:
     """The complete line that ends at ``offset`` (its offset and bytes), or None at 0."""
     if offset <= 0:
@@ -282,6 +269,24 @@ class SnapshotClaims(ClaimTable):
 # --- verification ----------------------------------------------------------------------------
 
 
+def check_link(line: bytes, seq: int, prev: str) -> str:
+    """Check that ``line`` is sealed, is number ``seq`` and follows ``prev``; return its hash.
+
+    Raises ChainError (or orjson.JSONDecodeError). Used by every store's verify: only a line
+    that fails the cheap byte checks is parsed."""
+    _, digest = unseal(line)
+    if seq_of(line) != seq:
+        event = orjson.loads(line)
+        found = event.get("seq") if isinstance(event, dict) else None
+        raise ChainError(f"expected seq {seq}, found {found!r}")
+    # prev sits right before the hash member; a bytes check avoids a full parse.
+    if line[-(75 + 74) : -75] != b',"prev":"' + prev.encode() + b'"':
+        event = orjson.loads(line)
+        if not isinstance(event, dict) or event.get("prev") != prev:
+            raise ChainError("prev hash does not match the line before")
+    return digest
+
+
 def verify_fd(
     fd: int,
     path: str,
@@ -305,16 +310,7 @@ def verify_fd(
                 break
             expected = seq + 1
             try:
-                _, digest = unseal(line)
-                if seq_of(line) != expected:
-                    event = orjson.loads(line)
-                    found = event.get("seq") if isinstance(event, dict) else None
-                    raise ChainError(f"expected seq {expected}, found {found!r}")
-                # prev sits right before the hash member; a bytes check avoids a full parse.
-                if line[-(75 + 74) : -75] != b',"prev":"' + prev.encode() + b'"':
-                    event = orjson.loads(line)
-                    if not isinstance(event, dict) or event.get("prev") != prev:
-                        raise ChainError("prev hash does not match the line before")
+                digest = check_link(line, expected, prev)
             except (ChainError, orjson.JSONDecodeError) as exc:
                 return VerifyReport(False, count, offset, prev, str(exc), expected, offset,
                                     anchor_ok)

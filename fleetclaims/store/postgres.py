@@ -46,7 +46,7 @@ import orjson
 import psycopg
 
 from ..core import events as ev
-from ..core.chain import ChainError, envelope, seal, unseal
+from ..core.chain import ChainError, envelope, seal
 from ..core.errors import (
     FleetclaimsError,
     RegistryBusy,
@@ -59,7 +59,7 @@ from ..core.rules import Decision
 from ..system import Clock, SystemClock
 from .base import Decide, VerifyReport
 from .faults import crash_point
-from .journal import apply_checked, parse_line, seq_of
+from .journal import apply_checked, check_link, parse_line
 
 SCHEMA_VERSION = 1
 DEFAULT_SCHEMA = "fleetclaims"
@@ -738,13 +738,9 @@ class PostgresStore:
             line = text.encode()
             expected = seq + 1
             try:
-                _, digest = unseal(line)
-                if found != expected or seq_of(line) != expected:
+                if found != expected:
                     raise ChainError(f"expected seq {expected}, found {found}")
-                if line[-(75 + 74) : -75] != b',"prev":"' + prev.encode() + b'"':
-                    event = orjson.loads(line)
-                    if not isinstance(event, dict) or event.get("prev") != prev:
-                        raise ChainError("prev hash does not match the line before")
+                digest = check_link(line, expected, prev)
             except (ChainError, orjson.JSONDecodeError) as exc:
                 return VerifyReport(False, seq, offset, prev, str(exc), expected, offset, None)
             seq = expected

@@ -330,6 +330,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = add("db", "database maintenance (PostgreSQL)")
     p.add_argument("action", choices=("migrate",))
     p.add_argument("--schema", help="PostgreSQL schema name (default fleetclaims)")
+
+    # The agent-facing commands (mcp, guard, hooks, brief) live in their own module.
+    from . import cli_agents
+
+    cli_agents.add_parsers(add, EXAMPLES)
     return parser
 
 
@@ -809,6 +814,12 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Out], int]] = {
 }
 
 
+def _commands() -> dict[str, Callable[[argparse.Namespace, Out], int]]:
+    from . import cli_agents
+
+    return {**COMMANDS, **cli_agents.COMMANDS}
+
+
 def _command_of(argv: list[str]) -> str | None:
     """The subcommand named in ``argv`` (skipping global options and their values)."""
     skip = False
@@ -820,7 +831,7 @@ def _command_of(argv: list[str]) -> str | None:
         elif arg == "--":
             return None
         elif not arg.startswith("-"):
-            return arg if arg in COMMANDS else None
+            return arg if arg in _commands() else None
     return None
 
 
@@ -842,7 +853,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     out = Out(bool(args.json))
     try:
-        return COMMANDS[args.command](args, out)
+        return _commands()[args.command](args, out)
     except FleetclaimsError as exc:
         return _err(out.json, exc)
     except KeyboardInterrupt:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from .core import rules, validate
+from .core import queue, rules, validate
 from .core.chain import token_hash
 from .core.errors import (
     FleetclaimsError,
@@ -73,6 +73,8 @@ class Stats:
     seq: int
     fence: int
     per_owner: dict[str, OwnerStats] = field(default_factory=dict)
+    #: tasks of the work queue by readiness (ready, held, pending, blocked, completed)
+    queue: dict[str, int] = field(default_factory=dict)
 
 
 class Registry:
@@ -322,6 +324,121 @@ class Registry:
         decision, state = self._run(lambda s, now: rules.decide_reopen(s, task, who, why))
         return state.claims.get(task) if decision.result else None
 
+    # --- the work queue ----------------------------------------------------------------------
+
+    def add(
+        self,
+        task: str,
+        *,
+        priority: int = 100,
+        depends_on: Iterable[str] = (),
+        labels: Iterable[str] = (),
+        note: str | None = None,
+        actor: str = "operator",
+    ) -> queue.Task:
+        """Put ``task`` in the work queue (or update it). Idempotent for identical input; a
+        change is recorded as ``task_updated``. Raises DependencyCycle when ``depends_on``
+        would make the task wait for itself."""
+        spec = queue.Task(
+            task=validate.task(task),
+            priority=validate.priority(priority),
+            depends_on=validate.names("depends_on", list(depends_on)),
+            labels=validate.names("labels", list(labels), validate.label),
+            note=validate.text("note", note),
+        )
+        who = validate.owner(actor, "actor")
+        _, state = self._run(lambda s, now: rules.decide_add(s, spec, who))
+        return queue.require(state.tasks, spec.task)
+
+    def depend(self, task: str, *, on: Iterable[str], actor: str = "operator") -> queue.Task:
+        """Make ``task`` (already in the queue) also wait for the tasks in ``on``."""
+        task = validate.task(task)
+        deps = validate.names("on", list(on))
+        who = validate.owner(actor, "actor")
+        _, state = self._run(lambda s, now: rules.decide_depend(s, task, deps, who))
+        return queue.require(state.tasks, task)
+
+    def block(self, task: str, *, reason: str, actor: str = "operator") -> bool:
+        """Keep ``task`` from being claimed until ``unblock``; False if already blocked so."""
+        task = validate.task(task)
+        why = validate.text("reason", reason, validate.REASON_MAX) or ""
+        if not why:
+            raise ValidationError("reason", "is required (say why the task is blocked)")
+        who = validate.owner(actor, "actor")
+        decision, _ = self._run(lambda s, now: rules.decide_block(s, task, why, who))
+        return bool(decision.result)
+
+    def unblock(self, task: str, *, reason: str | None = None, actor: str = "operator") -> bool:
+        """Let ``task`` be claimed again; False if it was not blocked."""
+        task = validate.task(task)
+        why = validate.text("reason", reason, validate.REASON_MAX)
+        who = validate.owner(actor, "actor")
+        decision, _ = self._run(lambda s, now: rules.decide_unblock(s, task, who, why))
+        return bool(decision.result)
+
+    def claim_next(
+        self,
+        *,
+        owner: str,
+        labels: Iterable[str] | None = None,
+        ttl: float = validate.DEFAULT_TTL,
+        note: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        take_stale: bool = False,
+        process: bool | int = True,
+    ) -> Claim | None:
+        """Atomically claim the best ready task (lowest priority number, then oldest, then
+        id) carrying every label in ``labels``; None when nothing is ready. With
+        ``take_stale``, a stale claim of an otherwise ready task counts as ready."""
+        wanted = frozenset(validate.names("labels", list(labels or ()), validate.label))
+        raw, grant = self._grant(owner, None, ttl, note=note, metadata=metadata,
+                                 process=process)
+
+        def decide(state: State, now: Now) -> Decision:
+            return rules.decide_claim_next(state, grant, now, self._verdict, labels=wanted,
+                                           take_stale=take_stale)
+
+        decision, state = self._run(decide)
+        if decision.result is None:
+            return None
+        return self._mine(state, str(decision.result), raw)
+
+    def task(self, task: str) -> queue.TaskStatus | None:
+        """A queued task with its readiness now, or None when it is not in the queue."""
+        state = self.store.read()
+        record = state.tasks.get(validate.task(task))
+        return None if record is None else queue.status(record, state.claims)
+
+    def tasks(self, status: Iterable[str] | None = None,
+              labels: Iterable[str] | None = None) -> list[queue.TaskStatus]:
+        """Every queued task with its readiness, in hand-out order (priority number, age,
+        id); filtered to the given readiness states and to tasks carrying every label."""
+        wanted = None if status is None else set(status)
+        if wanted is not None and not wanted <= set(queue.READINESS_ORDER):
+            raise ValidationError("status", "must be among " + ", ".join(queue.READINESS_ORDER),
+                                  value=sorted(wanted))
+        need = frozenset(validate.names("labels", list(labels or ()), validate.label))
+        state = self.store.read()
+        found = []
+        for record in sorted(state.tasks.values(), key=lambda t: t.key):
+            if not need <= set(record.labels):
+                continue
+            item = queue.status(record, state.claims)
+            if wanted is None or item.status in wanted:
+                found.append(item)
+        return found
+
+    def ready(self, labels: Iterable[str] | None = None) -> list[queue.Task]:
+        """What ``claim_next`` would hand out now, best first (stale claims not included)."""
+        need = frozenset(validate.names("labels", list(labels or ()), validate.label))
+        state = self.store.read()
+        out = []
+        for key in state.tasks.ready_keys(state.claims):
+            record = state.tasks.get(key[2])
+            if record is not None and need <= set(record.labels):
+                out.append(record)
+        return out
+
     def sweep(self, *, dry_run: bool = False, actor: str = "sweeper") -> SweepReport:
         """Record ``lease_expired`` for every claim whose lease ran out or whose owner is dead."""
         who = validate.owner(actor, "actor")
@@ -457,10 +574,14 @@ class Registry:
             if kind != "released":
                 per = owners.setdefault(claim.owner, {"active": 0, "expired": 0, "completed": 0})
                 per[kind] += 1
+        by_readiness = dict.fromkeys(queue.READINESS_ORDER, 0) if len(state.tasks) else {}
+        for record in state.tasks.values():
+            by_readiness[queue.status(record, state.claims).status] += 1
         return Stats(
             active=counts["active"], expired=counts["expired"], completed=counts["completed"],
             released=counts["released"], seq=state.seq, fence=state.fence,
             per_owner={o: OwnerStats(**c) for o, c in sorted(owners.items())},
+            queue=by_readiness,
         )
 
     def events(

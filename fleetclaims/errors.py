@@ -4,6 +4,7 @@ from .core.errors import (
     AuditCorrupt,
     ClaimConflict,
     ClaimSuperseded,
+    DependencyCycle,
     DurabilityError,
     FleetclaimsError,
     LeaseExpired,
@@ -12,6 +13,8 @@ from .core.errors import (
     RegistryCorrupt,
     StoreUnavailable,
     TaskCompleted,
+    TaskNotReady,
+    UnknownTask,
     UnsafeRegistry,
     ValidationError,
 )
@@ -20,6 +23,7 @@ __all__ = [
     "AuditCorrupt",
     "ClaimConflict",
     "ClaimSuperseded",
+    "DependencyCycle",
     "DurabilityError",
     "FleetclaimsError",
     "LeaseExpired",
@@ -28,6 +32,8 @@ __all__ = [
     "RegistryCorrupt",
     "StoreUnavailable",
     "TaskCompleted",
+    "TaskNotReady",
+    "UnknownTask",
     "UnsafeRegistry",
     "ValidationError",
 ]

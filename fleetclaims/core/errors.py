@@ -204,6 +204,63 @@ class TaskCompleted(FleetclaimsError):
         )
 
 
+class TaskNotReady(FleetclaimsError):
+    """The task is in the work queue but may not be claimed yet: it is blocked, or a task it
+    depends on is not completed."""
+
+    exit_code = EXIT_CONFLICT
+    code = "not_ready"
+
+    def __init__(
+        self, task: str, *, status: str, waits_for: list[str], reason: str | None = None
+    ) -> None:
+        self.task = task
+        self.status = status  # "pending" or "blocked"
+        self.waits_for = waits_for
+        self.reason = reason
+        if status == "blocked":
+            what = f"is blocked: {reason}" if reason else "is blocked"
+            hint = f"Unblock it first (`fleetclaims unblock {task}`) or take another task " \
+                "(`fleetclaims next --owner YOU`)."
+        else:
+            what = "waits for " + ", ".join(repr(t) for t in waits_for) + " to be completed"
+            hint = "Complete those first, or take a ready task (`fleetclaims next --owner YOU`)."
+        super().__init__(f"task {task!r} is not ready: it {what}; nothing was claimed.",
+                         hint=hint)
+
+
+class UnknownTask(FleetclaimsError):
+    """The task was never added to the work queue."""
+
+    code = "unknown_task"
+
+    def __init__(self, task: str) -> None:
+        self.task = task
+        super().__init__(
+            f"task {task!r} is not in the work queue; nothing was written.",
+            hint=f"Add it first: `fleetclaims add {task}` (check the spelling with "
+            "`fleetclaims list --tasks`).",
+        )
+
+
+class DependencyCycle(ValidationError):
+    """Adding these dependencies would make a task wait for itself."""
+
+    code = "dependency_cycle"
+
+    def __init__(self, task: str, cycle: list[str]) -> None:
+        FleetclaimsError.__init__(
+            self,
+            f"task {task!r} cannot depend on that: it would wait for itself "
+            f"({' -> '.join(cycle)}); nothing was written.",
+            hint="Drop one of those dependencies, or split the task.",
+        )
+        self.field = "depends_on"
+        self.reason = "dependency cycle"
+        self.task = task
+        self.cycle = cycle
+
+
 class RegistryBusy(FleetclaimsError):
     """The registry lock could not be taken within the timeout."""
 

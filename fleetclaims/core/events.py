@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import queue
 from .model import (
     ACTIVE,
     COMPLETED,
@@ -61,6 +62,7 @@ ALL_TYPES = frozenset(
         REGISTRY_REBUILT,
         JOURNAL_TAIL_REPAIRED,
         REGISTRIES_MERGED,
+        *queue.TASK_EVENTS,
     }
 )
 # Journal bookkeeping that changes no claim.
@@ -99,8 +101,14 @@ def apply(state: State, event: dict[str, Any]) -> State:
         if not state.origin and isinstance(event.get("origin"), str):
             state.origin = event["origin"]
         _apply_merge(state, event, seq)
+        state.tasks.drop_index()  # claims changed wholesale: rebuilt on next use
+    elif kind in queue.TASK_EVENTS:
+        queue.apply_task_event(state.tasks, state.claims, kind, event, seq,
+                               _float(event["ts"]))
     elif kind not in _NO_CLAIM_CHANGE:
         _apply_claim_event(state, kind, event, seq)
+        if state.tasks.indexed:
+            state.tasks.changed(_str(event["task"]), state.claims)
     state.seq = seq
     state.head = _str(event["hash"])
     return state

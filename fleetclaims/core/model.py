@@ -11,7 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+if TYPE_CHECKING:
+    from .queue import TaskTable
 
 ACTIVE: Final = "active"
 EXPIRED: Final = "expired"  # active but marked stale by a lease_expired event
@@ -335,18 +338,27 @@ class ClaimTable:
         return clone
 
 
+def _task_table() -> TaskTable:
+    from .queue import TaskTable  # queue builds on this module
+
+    return TaskTable()
+
+
 @dataclass
 class State:
-    """The registry state: the claim table plus the journal counters it was built from."""
+    """The registry state: the claim table and the work queue, plus the journal counters they
+    were built from."""
 
     claims: ClaimTable = field(default_factory=ClaimTable)
     seq: int = 0
     fence: int = 0  # the last fence number granted; only grows
     head: str = GENESIS  # hash of the last journal line
     origin: str = ""  # this registry's identity, from its first event
+    tasks: TaskTable = field(default_factory=_task_table)
 
     def copy(self) -> State:
-        return State(self.claims.copy(), self.seq, self.fence, self.head, self.origin)
+        return State(self.claims.copy(), self.seq, self.fence, self.head, self.origin,
+                     self.tasks.copy())
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import events as ev
+from . import queue
 from .errors import (
     ClaimConflict,
     ClaimSuperseded,
@@ -31,6 +32,7 @@ from .model import (
     State,
     Verdict,
 )
+from .model import UNKNOWN_VERDICT as UNKNOWN
 from .resolver import compare
 
 
@@ -164,6 +166,9 @@ def decide_claim(
     current = state.claims.get(task)
     fence = state.fence + 1
     if current is None or not (current.live or current.state == COMPLETED):
+        refusal = _not_ready(state, task, grant)
+        if refusal is not None:
+            return refusal
         return Decision((dict(type=ev.CLAIM_CREATED, **_grant_fields(task, grant, fence, now)),))
     if current.state == COMPLETED:
         if current.token_hash == grant.token_hash:
@@ -175,6 +180,10 @@ def decide_claim(
     if current.token_hash == grant.token_hash:
         return Decision()  # idempotent repeat with the same token
     stale = stale_reason(current, now, verdict)
+    if (stale is not None and take_stale) or preempt:
+        refusal = _not_ready(state, task, grant)
+        if refusal is not None:
+            return refusal
     if stale is not None and take_stale:
         fields = _grant_fields(task, grant, fence, now)
         fields.update(
@@ -215,6 +224,18 @@ def decide_claim(
         (_rejected(task, grant.owner, current, reason),),
         _conflict(task, current, stale or reason, stale is not None),
     )
+
+
+def _not_ready(state: State, task: str, grant: Grant) -> Decision | None:
+    """The refusal of a claim of a queued task that is blocked or waits for a dependency."""
+    error = queue.not_ready(state.tasks.get(task), state.claims)
+    if error is None:
+        return None
+    reason = (f"not ready: blocked ({error.reason})" if error.status == queue.BLOCKED
+              else "not ready: waits for " + ", ".join(error.waits_for))
+    event = {"type": ev.CLAIM_REJECTED, "task": task, "actor": grant.owner,
+             "owner": grant.owner, "reason": reason}
+    return Decision((event,), error)
 
 
 def decide_recover(
@@ -339,7 +360,8 @@ def decide_complete(state: State, task: str, token_hash: str, result: Any, now: 
         return refusal
     fields = _base(ev.CLAIM_COMPLETED, claim)
     fields["result"] = result
-    return Decision((fields,))
+    ready = queue.became_ready_after(state.tasks, state.claims, task, claim.owner)
+    return Decision((fields, *ready))
 
 
 def decide_release(state: State, task: str, token_hash: str, now: Now) -> Decision:
@@ -451,3 +473,90 @@ def decide_sweep(state: State, now: Now, verdict_of: VerdictOf, actor: str) -> D
         fields.update(reason=reason, expires_at=claim.expires_at)
         events.append(fields)
     return Decision(tuple(events), result=SweepReport(tuple(found)))
+
+
+# --- the work queue ------------------------------------------------------------------------
+
+
+def decide_add(state: State, spec: queue.Task, actor: str) -> Decision:
+    """Put a task in the queue, or update it; an identical repeat writes nothing."""
+    try:
+        events, current = queue.add_events(state.tasks, spec, actor)
+    except FleetclaimsError as exc:
+        return Decision((), exc)
+    return Decision(events, result=current)
+
+
+def decide_depend(state: State, task: str, on: tuple[str, ...], actor: str) -> Decision:
+    """Add dependencies to a queued task (refusing a cycle)."""
+    try:
+        current = queue.require(state.tasks, task)
+    except FleetclaimsError as exc:
+        return Decision((), exc)
+    deps = tuple(sorted({*current.depends_on, *on}))
+    spec = queue.Task(task, current.priority, deps, current.labels, current.note)
+    return decide_add(state, spec, actor)
+
+
+def decide_block(state: State, task: str, reason: str, actor: str) -> Decision:
+    try:
+        current = queue.require(state.tasks, task)
+    except FleetclaimsError as exc:
+        return Decision((), exc)
+    if current.blocked == reason:
+        return Decision(result=False)
+    event = {"type": queue.TASK_BLOCKED, "task": task, "actor": actor, "reason": reason}
+    return Decision((event,), result=True)
+
+
+def decide_unblock(state: State, task: str, actor: str, reason: str | None) -> Decision:
+    """Unblock; records ``became_ready`` too when nothing else holds the task back."""
+    try:
+        current = queue.require(state.tasks, task)
+    except FleetclaimsError as exc:
+        return Decision((), exc)
+    if current.blocked is None:
+        return Decision(result=False)
+    events: list[dict[str, Any]] = [
+        {"type": queue.TASK_UNBLOCKED, "task": task, "actor": actor, "reason": reason}]
+    claim = state.claims.get(task)
+    unblocked = queue.Task(task, current.priority, current.depends_on, current.labels)
+    if queue.status(unblocked, state.claims).status == queue.READY and not (
+            claim is not None and claim.live):
+        events.append({"type": queue.BECAME_READY, "task": task, "actor": actor,
+                       "after": "unblock"})
+    return Decision(tuple(events), result=True)
+
+
+def decide_claim_next(
+    state: State,
+    grant: Grant,
+    now: Now,
+    verdict_of: VerdictOf,
+    *,
+    labels: frozenset[str] = frozenset(),
+    take_stale: bool = False,
+) -> Decision:
+    """Claim the first ready task in hand-out order (priority number, then age, then id) that
+    carries every label in ``labels``; with ``take_stale``, a stale claim of an otherwise ready
+    task counts as ready. ``result`` is the task claimed, or None when nothing is ready."""
+    index = state.tasks.index(state.claims)
+    for key, held in index.candidates(take_stale):
+        record = state.tasks.get(key[2])
+        if record is None or not labels <= set(record.labels):
+            continue
+        mine = Grant(grant.owner, grant.token_hash, grant.ttl, record.priority, grant.note,
+                     grant.metadata, grant.identity, grant.phase)
+        if held:
+            current = state.claims.get(record.task)
+            if current is None:
+                continue
+            verdict = verdict_of(current)
+            if stale_reason(current, now, verdict) is None:
+                continue
+            decision = decide_claim(state, record.task, mine, now, verdict, take_stale=True)
+        else:
+            decision = decide_claim(state, record.task, mine, now, UNKNOWN)
+        if decision.error is None:
+            return Decision(decision.events, result=record.task)
+    return Decision(result=None)

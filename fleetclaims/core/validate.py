@@ -34,6 +34,27 @@ def task(value: Any) -> str:
     return _ident("task", value, _TASK_RE, TASK_MAX, "letters, digits and . _ : / @ + # = , ~ -")
 
 
+LABEL_MAX = 64
+NAMES_MAX = 256  # dependencies or labels of one task
+
+
+def names(field: str, value: Any, check: Any = None) -> tuple[str, ...]:
+    """A list of task ids (or labels): each validated, duplicates dropped, sorted, so that two
+    spellings of the same set compare equal (``add`` is idempotent on identical input)."""
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise ValidationError(field, "must be a list of names", value=value)
+    if len(value) > NAMES_MAX:
+        raise ValidationError(field, f"has more than {NAMES_MAX} entries")
+    one = check or task
+    return tuple(sorted({one(v) for v in value}))
+
+
+def label(value: Any) -> str:
+    return _ident("label", value, _OWNER_RE, LABEL_MAX, "letters, digits and . _ : @ + ~ -")
+
+
 def owner(value: Any, field: str = "owner") -> str:
     return _ident(field, value, _OWNER_RE, OWNER_MAX, "letters, digits and . _ : @ + ~ -")
 

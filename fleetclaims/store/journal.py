@@ -18,6 +18,7 @@ from ..core import events as ev
 from ..core.chain import ChainError, unseal
 from ..core.errors import AuditCorrupt, RegistryCorrupt
 from ..core.model import GENESIS, Claim, ClaimTable, State
+from ..core.queue import TaskTable
 from .base import VerifyReport
 
 CHUNK = 1 << 20
@@ -190,17 +191,18 @@ class SnapshotError(ValueError):
 
 def encode_snapshot(state: State, offset: int) -> bytes:
     claims = dict(state.claims.raw_items())
-    body = orjson.dumps(
-        {
-            "format": SNAPSHOT_FORMAT,
-            "seq": state.seq,
-            "offset": offset,
-            "head": state.head,
-            "origin": state.origin,
-            "fence": state.fence,
-            "claims": claims,
-        }
-    )
+    doc: dict[str, object] = {
+        "format": SNAPSHOT_FORMAT,
+        "seq": state.seq,
+        "offset": offset,
+        "head": state.head,
+        "origin": state.origin,
+        "fence": state.fence,
+        "claims": claims,
+    }
+    if len(state.tasks):  # the work queue; absent from registries that never used it
+        doc["tasks"] = dict(state.tasks.raw_items())
+    body = orjson.dumps(doc)
     digest = hashlib.sha256(body).hexdigest()
     return body[:-1] + _CHECKSUM_MARK + digest.encode() + b'"}\n'
 
@@ -235,7 +237,14 @@ def decode_snapshot(data: bytes) -> Snapshot:
     for task, entry in claims.items():
         if not isinstance(entry, dict) or entry.get("task") != task:
             raise SnapshotError(f"claim entry {task!r} is malformed")
-    state = State(SnapshotClaims(claims), seq, fence, head, origin)  # type: ignore[arg-type]
+    tasks = obj.get("tasks", {})
+    if not isinstance(tasks, dict):
+        raise SnapshotError("tasks has the wrong type")
+    for task, entry in tasks.items():
+        if not isinstance(entry, dict) or entry.get("task") != task:
+            raise SnapshotError(f"task entry {task!r} is malformed")
+    state = State(SnapshotClaims(claims), seq, fence, head, origin,  # type: ignore[arg-type]
+                  TaskTable(tasks))
     return Snapshot(state, offset, len(data))  # type: ignore[arg-type]
 
 

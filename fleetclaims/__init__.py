@@ -8,11 +8,13 @@
 
 from .api import Lease, OwnerStats, Registry, Stats
 from .core.model import Claim, Identity, Now, Verdict
+from .core.queue import Task, TaskStatus
 from .core.rules import SweepItem, SweepReport
 from .errors import (
     AuditCorrupt,
     ClaimConflict,
     ClaimSuperseded,
+    DependencyCycle,
     DurabilityError,
     FleetclaimsError,
     LeaseExpired,
@@ -21,6 +23,8 @@ from .errors import (
     RegistryCorrupt,
     StoreUnavailable,
     TaskCompleted,
+    TaskNotReady,
+    UnknownTask,
     UnsafeRegistry,
     ValidationError,
 )
@@ -33,6 +37,7 @@ __all__ = [
     "Claim",
     "ClaimConflict",
     "ClaimSuperseded",
+    "DependencyCycle",
     "DurabilityError",
     "Event",
     "EventPage",
@@ -50,7 +55,11 @@ __all__ = [
     "StoreUnavailable",
     "SweepItem",
     "SweepReport",
+    "Task",
     "TaskCompleted",
+    "TaskNotReady",
+    "TaskStatus",
+    "UnknownTask",
     "UnsafeRegistry",
     "ValidationError",
     "Verdict",

@@ -342,8 +342,8 @@ class Registry:
         spec = queue.Task(
             task=validate.task(task),
             priority=validate.priority(priority),
-            depends_on=validate.names("depends_on", list(depends_on)),
-            labels=validate.names("labels", list(labels), validate.label),
+            depends_on=validate.names("depends_on", depends_on),
+            labels=validate.names("labels", labels, validate.label),
             note=validate.text("note", note),
         )
         who = validate.owner(actor, "actor")
@@ -353,7 +353,7 @@ class Registry:
     def depend(self, task: str, *, on: Iterable[str], actor: str = "operator") -> queue.Task:
         """Make ``task`` (already in the queue) also wait for the tasks in ``on``."""
         task = validate.task(task)
-        deps = validate.names("on", list(on))
+        deps = validate.names("on", on)
         who = validate.owner(actor, "actor")
         _, state = self._run(lambda s, now: rules.decide_depend(s, task, deps, who))
         return queue.require(state.tasks, task)
@@ -390,7 +390,7 @@ class Registry:
         """Atomically claim the best ready task (lowest priority number, then oldest, then
         id) carrying every label in ``labels``; None when nothing is ready. With
         ``take_stale``, a stale claim of an otherwise ready task counts as ready."""
-        wanted = frozenset(validate.names("labels", list(labels or ()), validate.label))
+        wanted = frozenset(validate.names("labels", labels, validate.label))
         raw, grant = self._grant(owner, None, ttl, note=note, metadata=metadata,
                                  process=process)
 
@@ -417,7 +417,7 @@ class Registry:
         if wanted is not None and not wanted <= set(queue.READINESS_ORDER):
             raise ValidationError("status", "must be among " + ", ".join(queue.READINESS_ORDER),
                                   value=sorted(wanted))
-        need = frozenset(validate.names("labels", list(labels or ()), validate.label))
+        need = frozenset(validate.names("labels", labels, validate.label))
         state = self.store.read()
         found = []
         for record in sorted(state.tasks.values(), key=lambda t: t.key):
@@ -430,7 +430,7 @@ class Registry:
 
     def ready(self, labels: Iterable[str] | None = None) -> list[queue.Task]:
         """What ``claim_next`` would hand out now, best first (stale claims not included)."""
-        need = frozenset(validate.names("labels", list(labels or ()), validate.label))
+        need = frozenset(validate.names("labels", labels, validate.label))
         state = self.store.read()
         out = []
         for key in state.tasks.ready_keys(state.claims):

@@ -38,7 +38,7 @@ from fleetclaims.core.liveness import LocalFacts, decide_liveness
 from fleetclaims.core.model import State
 from fleetclaims.migrate import copy_registry
 from fleetclaims.store import faults
-from fleetclaims.store.postgres import PostgresStore, parse_location
+from fleetclaims.store.postgres import SCHEMA_VERSION, PostgresStore, parse_location
 
 pytestmark = pytest.mark.postgres
 CTX = multiprocessing.get_context("spawn")
@@ -223,7 +223,7 @@ def test_schemas_are_isolated_and_migrations_versioned(
     assert r3.get("only-one") is not None
     store = PostgresStore(f"{postgres_url}?schema={s2}", schema=s1)
     assert store.schema == s1
-    assert store.migrate_schema() == 1 and store.schema_version() == 1  # idempotent
+    assert store.migrate_schema() == SCHEMA_VERSION == store.schema_version()  # idempotent
     store.close()
     for reg in (r1, r2, r3):
         assert reg.verify().ok

@@ -158,7 +158,7 @@ class QueueIndex:
     """Ready tasks and held-but-eligible tasks (candidates for ``take_stale``), each kept
     sorted in hand-out order, plus the reverse dependency edges."""
 
-    __slots__ = ("dependants", "held", "ready", "_where")
+    __slots__ = ("_where", "dependants", "held", "ready")
 
     def __init__(self) -> None:
         self.dependants: dict[str, set[str]] = {}
@@ -300,6 +300,9 @@ class TaskTable:
         return sorted(keys)
 
     def dependants(self, task: str, claims: ClaimTable) -> list[str]:
+        """The queued tasks that depend on ``task``."""
+        if not self._tasks and not self._raw:
+            return []  # no queue: completing a task must not build anything
         return sorted(self.index(claims).dependants.get(task, ()))
 
     def changed(self, task: str, claims: ClaimTable) -> None:
@@ -384,8 +387,6 @@ def became_ready_after(
     tasks: TaskTable, claims: ClaimTable, done: str, actor: str
 ) -> list[dict[str, Any]]:
     """``became_ready`` for every dependant of ``done`` whose last unmet dependency it was."""
-    if not tasks:
-        return []
     out = []
     finished = frozenset({done})
     for user in tasks.dependants(done, claims):

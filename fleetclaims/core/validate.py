@@ -43,8 +43,9 @@ def names(field: str, value: Any, check: Any = None) -> tuple[str, ...]:
     spellings of the same set compare equal (``add`` is idempotent on identical input)."""
     if value is None:
         return ()
-    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
         raise ValidationError(field, "must be a list of names", value=value)
+    value = list(value)
     if len(value) > NAMES_MAX:
         raise ValidationError(field, f"has more than {NAMES_MAX} entries")
     one = check or task

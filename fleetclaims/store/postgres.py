@@ -55,13 +55,14 @@ from ..core.errors import (
     ValidationError,
 )
 from ..core.model import GENESIS, Claim, ClaimTable, Now, State
+from ..core.queue import Key, QueueIndex, Task, TaskTable
 from ..core.rules import Decision
 from ..system import Clock, SystemClock
 from .base import Decide, VerifyReport
 from .faults import crash_point
 from .journal import apply_checked, check_link, parse_line
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_SCHEMA = "fleetclaims"
 SCHEMA_ENV = "FLEETCLAIMS_PG_SCHEMA"
 PAGE = 2000  # audit rows fetched per round trip when streaming the journal
@@ -128,6 +129,14 @@ def _migrations(s: str) -> dict[int, list[str]]:
             f"FOR EACH ROW EXECUTE FUNCTION {s}.audit_append_only()",
             f"COMMENT ON TABLE {s}.audit IS 'fleetclaims journal: one sealed, hash-chained "
             "line per event; seq is gap-free and commits in order'",
+        ],
+        2: [  # the work queue
+            f"""CREATE TABLE {s}.tasks (
+                task text PRIMARY KEY,
+                seq bigint NOT NULL,
+                data jsonb NOT NULL)""",
+            # completing a task looks up its dependants without loading the whole queue
+            f"CREATE INDEX tasks_depends_on ON {s}.tasks USING gin ((data->'depends_on'))",
         ],
     }
 
@@ -244,6 +253,82 @@ class PgClaimTable(ClaimTable):
         return super().copy()
 
 
+class PgTaskTable(TaskTable):
+    """The work queue's TaskTable over the ``tasks`` table: one row on ``get``; the whole
+    table (and every claim row) when the ready index is needed (``claim_next``, ``ready``).
+    ``dirty`` names the tasks changed by applied events."""
+
+    __slots__ = ("_absent", "_complete", "_store", "dirty")
+
+    def __init__(self, store: PostgresStore, *, complete: bool = False) -> None:
+        super().__init__()
+        self._store = store
+        self._absent: set[str] = set()
+        self._complete = complete
+        self.dirty: set[str] = set()
+
+    def get(self, task: str) -> Task | None:
+        if task in self._tasks or task in self._raw:
+            return super().get(task)
+        if self._complete or task in self._absent:
+            return None
+        rows = self._store._query(self._store._sql_task, (task,))
+        if not rows:
+            self._absent.add(task)
+            return None
+        self._raw[task] = orjson.loads(rows[0][0])
+        return super().get(task)
+
+    def put(self, record: Task, claims: ClaimTable) -> None:
+        super().put(record, claims)
+        self._absent.discard(record.task)
+        self.dirty.add(record.task)
+
+    def __contains__(self, task: object) -> bool:
+        return isinstance(task, str) and self.get(task) is not None
+
+    def _load_all(self) -> None:
+        if self._complete:
+            return
+        for task, data in self._store._query(self._store._sql_tasks):
+            if task not in self._tasks and task not in self._raw:
+                self._raw[str(task)] = orjson.loads(data)
+        self._absent.clear()
+        self._complete = True
+
+    def __len__(self) -> int:
+        self._load_all()
+        return super().__len__()
+
+    def names(self) -> list[str]:
+        self._load_all()
+        return super().names()
+
+    def raw_items(self) -> Iterator[tuple[str, Any]]:
+        self._load_all()
+        return super().raw_items()
+
+    def copy(self) -> TaskTable:
+        self._load_all()
+        return super().copy()
+
+    def index(self, claims: ClaimTable) -> QueueIndex:
+        if self._index is None:
+            self._load_all()
+            if isinstance(claims, PgClaimTable):
+                claims._load_all()  # one query, not one per task
+        return super().index(claims)
+
+    def ready_keys(self, claims: ClaimTable) -> list[Key]:
+        return list(self.index(claims).ready)
+
+    def dependants(self, task: str, claims: ClaimTable) -> list[str]:
+        if self._index is not None:
+            return super().dependants(task, claims)
+        rows = self._store._query(self._store._sql_dependants, (task,))
+        return sorted(str(r[0]) for r in rows)
+
+
 class PostgresStore:
     """The store Protocol on PostgreSQL (psycopg 3). Thread-safe; fork-safe (a child opens its
     own connection)."""
@@ -287,6 +372,13 @@ class PostgresStore:
             f"FROM {s}.claims WHERE task = %s"
         )
         self._sql_claims = f"SELECT task, data::text FROM {s}.claims ORDER BY task"
+        self._sql_task = f"SELECT data::text FROM {s}.tasks WHERE task = %s"
+        self._sql_tasks = f"SELECT task, data::text FROM {s}.tasks ORDER BY task"
+        self._sql_dependants = f"SELECT task FROM {s}.tasks WHERE data->'depends_on' ? %s"
+        self._sql_task_upsert = (
+            f"INSERT INTO {s}.tasks (task, seq, data) VALUES (%s, %s, %s::jsonb) "
+            "ON CONFLICT (task) DO UPDATE SET seq = EXCLUDED.seq, data = EXCLUDED.data"
+        )
         self._sql_audit_insert = (
             f"INSERT INTO {s}.audit (seq, ts, type, task, owner, actor, fence, hash, line) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
@@ -484,7 +576,8 @@ class PostgresStore:
                 now = self.clock.now()
             wall = now.wall
             table = PgClaimTable(self)
-            state = State(table, int(seq), int(fence), str(head), str(origin))
+            tasks = PgTaskTable(self)
+            state = State(table, int(seq), int(fence), str(head), str(origin), tasks)
             rows: list[tuple[Any, ...]] = []
             if state.seq == 0:  # a new registry: its first event names it
                 created = {"type": ev.REGISTRY_CREATED, "origin": secrets.token_hex(8),
@@ -504,6 +597,8 @@ class PostgresStore:
                 cur.execute(self._sql_audit_insert, audit_row)
             for claim_row in upserts:
                 cur.execute(self._sql_claim_upsert, claim_row)
+            for task_row in self._task_rows(tasks):
+                cur.execute(self._sql_task_upsert, task_row)
             cur.execute(self._sql_head_update, (state.seq, state.head, state.fence, state.origin))
             crash_point("pg.before_commit")
             committing = True
@@ -542,6 +637,15 @@ class PostgresStore:
         assert claim is not None
         return (task, claim.owner, claim.state, claim.fence, claim.expires_at, claim.seq,
                 orjson.dumps(claim.to_dict()).decode())
+
+    @staticmethod
+    def _task_rows(tasks: PgTaskTable) -> list[tuple[Any, ...]]:
+        rows = []
+        for name in sorted(tasks.dirty):
+            record = tasks.get(name)
+            assert record is not None
+            rows.append((name, record.seq, orjson.dumps(record.to_dict()).decode()))
+        return rows
 
     def _abandon(self, conn: psycopg.Connection[Any]) -> None:
         """Roll back after a non-database error (or drop a connection that is unusable)."""
@@ -692,7 +796,8 @@ class PostgresStore:
         if not rows:
             raise RegistryCorrupt(self.location, "the head row of the journal is missing")
         seq, head, fence, origin = rows[0]
-        return State(PgClaimTable(self), int(seq), int(fence), str(head), str(origin))
+        return State(PgClaimTable(self), int(seq), int(fence), str(head), str(origin),
+                     PgTaskTable(self))
 
     def now(self) -> Now:
         """The clock leases are decided on: the database server's (or an injected clock)."""
@@ -777,7 +882,8 @@ class PostgresStore:
                             "target", f"{self.location} already holds a registry; migrate into "
                             "an empty schema")
                     table = PgClaimTable(self, complete=True)
-                    state = State(table)
+                    tasks = PgTaskTable(self, complete=True)
+                    state = State(table, tasks=tasks)
                     where = f"{self.location} (import)"
                     offset = 0
                     with conn.cursor().copy(
@@ -794,6 +900,9 @@ class PostgresStore:
                     upserts = [self._claim_row(table, task) for task in sorted(table.dirty)]
                     if upserts:
                         conn.cursor().executemany(self._sql_claim_upsert, upserts)
+                    task_rows = self._task_rows(tasks)
+                    if task_rows:
+                        conn.cursor().executemany(self._sql_task_upsert, task_rows)
                     conn.execute(self._sql_head_update,
                                  (state.seq, state.head, state.fence, state.origin))
             except psycopg.Error as exc:
@@ -824,5 +933,5 @@ def _describe(exc: BaseException) -> str:
     return f"{first} (SQLSTATE {state})" if state else first
 
 
-__all__ = ["DEFAULT_SCHEMA", "SCHEMA_VERSION", "PgClaimTable", "PostgresStore",
+__all__ = ["DEFAULT_SCHEMA", "SCHEMA_VERSION", "PgClaimTable", "PgTaskTable", "PostgresStore",
            "parse_location"]

@@ -1,0 +1,375 @@
+"""The work queue: readiness, dependencies, cycles, claim_next, on every store backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleetclaims import (
+    DependencyCycle,
+    Registry,
+    TaskCompleted,
+    TaskNotReady,
+    UnknownTask,
+    ValidationError,
+)
+from fleetclaims.core import queue
+from fleetclaims.testing import FakeClock, FakeProber, memory_registry
+
+
+def _types(reg: Registry, after: int = 0) -> list[tuple[str, str | None]]:
+    return [(e.type, e.task) for e in reg.events(after=after, limit=10_000).events]
+
+
+def _status(reg: Registry) -> dict[str, str]:
+    return {s.task.task: s.status for s in reg.tasks()}
+
+
+# --- readiness, as a table ------------------------------------------------------------------
+
+
+def test_readiness_table(registry: Registry, clock: FakeClock) -> None:
+    reg = registry
+    reg.add("free")
+    reg.add("needs-done", depends_on=["done"])
+    reg.add("needs-open", depends_on=["free"])
+    reg.add("needs-unknown", depends_on=["never-added"])
+    reg.add("needs-adhoc", depends_on=["adhoc"])
+    reg.add("stopped")
+    reg.block("stopped", reason="waiting for a design decision")
+    reg.add("taken")
+    reg.add("done")
+    reg.add("blocked-and-pending", depends_on=["free"])
+    reg.block("blocked-and-pending", reason="hold")
+    c = reg.claim("done", owner="a")
+    reg.complete("done", token=c.token or "")
+    adhoc = reg.claim("adhoc", owner="a")  # never added: a dependency may still be ad hoc
+    reg.complete("adhoc", token=adhoc.token or "")
+    reg.claim("taken", owner="b", ttl=60)
+    assert _status(reg) == {
+        "free": "ready",
+        "needs-done": "ready",
+        "needs-open": "pending",
+        "needs-unknown": "pending",
+        "needs-adhoc": "ready",
+        "stopped": "blocked",
+        "taken": "held",
+        "done": "completed",
+        "blocked-and-pending": "blocked",
+    }
+    waits = {s.task.task: s.waits_for for s in reg.tasks(status=["pending"])}
+    assert waits == {"needs-open": ("free",), "needs-unknown": ("never-added",)}
+    assert reg.task("taken").holder == "b"  # type: ignore[union-attr]
+    assert reg.task("adhoc") is None  # claimed without being added: not in the queue
+    # An expired lease still holds the task (it is stale, not ready) until taken over.
+    clock.advance(61)
+    assert reg.task("taken").status == "held"  # type: ignore[union-attr]
+    assert [t.task for t in reg.ready()] == ["free", "needs-adhoc", "needs-done"]
+    # Reopening a dependency makes its dependants pending again.
+    reg.reopen("done", reason="regression")
+    assert reg.task("needs-done").status == "pending"  # type: ignore[union-attr]
+    assert reg.task("done").status == "ready"  # type: ignore[union-attr]
+    counts = reg.stats().queue
+    assert counts == {"ready": 3, "held": 1, "pending": 3, "blocked": 2, "completed": 0}
+
+
+def test_claiming_a_task_that_is_not_ready(registry: Registry) -> None:
+    reg = registry
+    reg.add("base")
+    reg.add("top", depends_on=["base"])
+    reg.add("frozen")
+    reg.block("frozen", reason="flaky CI")
+    seq = reg.stats().seq
+    with pytest.raises(TaskNotReady) as pending:
+        reg.claim("top", owner="a")
+    assert pending.value.status == "pending" and pending.value.waits_for == ["base"]
+    assert "base" in str(pending.value) and "fleetclaims next" in str(pending.value)
+    with pytest.raises(TaskNotReady) as blocked:
+        reg.claim("frozen", owner="a")
+    assert blocked.value.status == "blocked" and blocked.value.reason == "flaky CI"
+    assert reg.get("top") is None and reg.get("frozen") is None
+    # Refusals are logged, like every rejected claim, and change no claim.
+    assert _types(reg, seq) == [("claim_rejected", "top"), ("claim_rejected", "frozen")]
+    assert reg.stats().fence == 0
+    reg.unblock("frozen")
+    assert reg.claim("frozen", owner="a").fence == 1
+
+
+def test_completing_records_became_ready_for_the_last_unmet_dependency(
+        registry: Registry) -> None:
+    reg = registry
+    reg.add("a")
+    reg.add("b")
+    reg.add("needs-a", depends_on=["a"])
+    reg.add("needs-ab", depends_on=["a", "b"])
+    reg.add("needs-a-blocked", depends_on=["a"])
+    reg.block("needs-a-blocked", reason="later")
+    ca = reg.claim("a", owner="w")
+    seq = reg.stats().seq
+    reg.complete("a", token=ca.token or "")
+    assert _types(reg, seq) == [("claim_completed", "a"), ("became_ready", "needs-a")]
+    cb = reg.claim("b", owner="w")
+    seq = reg.stats().seq
+    reg.complete("b", token=cb.token or "")
+    assert _types(reg, seq) == [("claim_completed", "b"), ("became_ready", "needs-ab")]
+    seq = reg.stats().seq
+    reg.unblock("needs-a-blocked", reason="now")
+    assert _types(reg, seq) == [("task_unblocked", "needs-a-blocked"),
+                                ("became_ready", "needs-a-blocked")]
+    ready = reg.events(after=0, limit=1000, types=["became_ready"]).events
+    assert [e.get("after") for e in ready] == ["a", "b", "unblock"]
+
+
+# --- add, update, cycles --------------------------------------------------------------------
+
+
+def test_add_is_idempotent_and_a_change_is_task_updated(registry: Registry) -> None:
+    reg = registry
+    first = reg.add("t", priority=5, depends_on=["x", "y"], labels=["py"], note="n")
+    seq = reg.stats().seq
+    again = reg.add("t", priority=5, depends_on=["y", "x", "y"], labels=["py"], note="n")
+    assert again == first and reg.stats().seq == seq  # nothing written
+    changed = reg.add("t", priority=1, depends_on=["x"], labels=["py"], note="n")
+    assert changed.priority == 1 and changed.depends_on == ("x",)
+    assert changed.added_at == first.added_at  # age (hand-out order) is kept
+    [event] = reg.events(after=seq, limit=10).events
+    assert event.type == "task_updated" and event.get("changed") == ["priority", "depends_on"]
+
+
+@pytest.mark.parametrize("edges, new, expected", [
+    ({}, ("a", ["a"]), ["a", "a"]),
+    ({"b": ["a"]}, ("a", ["b"]), ["a", "b", "a"]),
+    ({"b": ["c"], "c": ["a"]}, ("a", ["b"]), ["a", "b", "c", "a"]),
+    ({"b": ["c", "x"], "c": ["d"], "d": ["a"]}, ("a", ["z", "b"]), ["a", "b", "c", "d", "a"]),
+])
+def test_dependency_cycles_are_refused_and_change_nothing(
+        registry: Registry, edges: dict[str, list[str]], new: tuple[str, list[str]],
+        expected: list[str]) -> None:
+    reg = registry
+    for task, deps in edges.items():
+        reg.add(task, depends_on=deps)
+    reg.add(new[0])
+    seq = reg.stats().seq
+    with pytest.raises(DependencyCycle) as add_err:
+        reg.add(new[0], depends_on=new[1])
+    assert add_err.value.cycle == expected
+    with pytest.raises(DependencyCycle) as depend_err:
+        reg.depend(new[0], on=new[1])
+    assert depend_err.value.cycle == expected
+    assert isinstance(depend_err.value, ValidationError)  # bad input: exit code 2
+    assert reg.stats().seq == seq and reg.task(new[0]).task.depends_on == ()  # type: ignore
+
+
+def test_depend_adds_edges_and_unknown_tasks_are_refused(registry: Registry) -> None:
+    reg = registry
+    reg.add("t", depends_on=["a"])
+    assert reg.depend("t", on=["b", "a"]).depends_on == ("a", "b")
+    for call in (lambda: reg.depend("nope", on=["a"]), lambda: reg.block("nope", reason="r"),
+                 lambda: reg.unblock("nope")):
+        with pytest.raises(UnknownTask, match="fleetclaims add nope"):
+            call()
+    with pytest.raises(ValidationError):
+        reg.add("t", depends_on="a")  # a string, not a list: refused, not split into letters
+    with pytest.raises(ValidationError):
+        reg.add("t", labels=["bad label"])
+    with pytest.raises(ValidationError):
+        reg.block("t", reason="")
+    assert reg.block("t", reason="r") is True and reg.block("t", reason="r") is False
+    assert reg.unblock("t") is True and reg.unblock("t") is False
+
+
+# --- claim_next -----------------------------------------------------------------------------
+
+
+def test_claim_next_order_labels_and_exhaustion(registry: Registry, clock: FakeClock) -> None:
+    reg = registry
+    reg.add("old-low", priority=200)
+    clock.advance(1)
+    reg.add("b-urgent", priority=1, labels=["py"])
+    clock.advance(0.5)
+    reg.add("a-urgent", priority=1, labels=["docs"])  # same priority, newer: after b
+    clock.advance(1)
+    reg.add("mid", priority=50, labels=["py", "slow"])
+    reg.add("after-mid", depends_on=["mid"], priority=0)
+    reg.add("tie-z", priority=300)  # same priority and instant: the id decides
+    reg.add("tie-y", priority=300)
+    order = [t.task for t in reg.ready()]
+    assert order == ["b-urgent", "a-urgent", "mid", "old-low", "tie-y", "tie-z"]
+    assert [t.task for t in reg.ready(labels=["py"])] == ["b-urgent", "mid"]
+    assert reg.claim_next(owner="w", labels=["slow", "py"]).task == "mid"  # type: ignore
+    got = []
+    while (c := reg.claim_next(owner="w")) is not None:
+        assert c.token and c.owner == "w"
+        got.append((c.task, c.priority))
+    assert got == [("b-urgent", 1), ("a-urgent", 1), ("old-low", 200), ("tie-y", 300),
+                   ("tie-z", 300)]
+    assert reg.claim_next(owner="w") is None
+    mid = reg.get("mid")
+    assert mid is not None and mid.state == "active"
+
+
+def test_claim_next_takes_stale_claims_only_when_asked(
+        registry: Registry, clock: FakeClock) -> None:
+    reg = registry
+    reg.add("t1")
+    reg.add("t2")
+    first = reg.claim_next(owner="w1", ttl=30)
+    second = reg.claim_next(owner="w2", ttl=300)
+    assert (first.task, second.task) == ("t1", "t2")  # type: ignore[union-attr]
+    clock.advance(31)
+    assert reg.claim_next(owner="w3") is None
+    taken = reg.claim_next(owner="w3", take_stale=True)
+    assert taken is not None and taken.task == "t1" and taken.fence == 3
+    [event] = reg.events(after=0, limit=1000, types=["claim_recovered"]).events
+    assert event.get("prev_owner") == "w1" and "lease expired" in event.get("reason")
+    assert reg.claim_next(owner="w3", take_stale=True) is None  # t2's lease is live
+
+
+def test_completed_task_in_queue_is_not_handed_out(registry: Registry) -> None:
+    reg = registry
+    reg.add("t")
+    c = reg.claim_next(owner="w")
+    assert c is not None
+    reg.complete("t", token=c.token or "")
+    assert reg.claim_next(owner="w") is None
+    with pytest.raises(TaskCompleted):
+        reg.claim("t", owner="x")
+
+
+def test_queue_survives_reopen_and_checkpoint(tmp_path: object, clock: FakeClock,
+                                              prober: FakeProber) -> None:
+    from pathlib import Path
+
+    from fleetclaims.store.file import FileStore
+
+    directory = Path(str(tmp_path)) / "reg"
+    reg = Registry(directory, clock=clock, prober=prober, durability="process")
+    for i in range(50):
+        reg.add(f"t{i:02d}", priority=i % 3, depends_on=[f"t{i - 1:02d}"] if i % 5 else [],
+                labels=["even"] if i % 2 == 0 else [])
+    reg.block("t10", reason="r")
+    assert isinstance(reg.store, FileStore)
+    reg.store.checkpoint()  # the tasks now live in claims.json, not only in the journal
+    reg.add("late", depends_on=["t00"])
+    before = [(s.task, s.status, s.waits_for) for s in reg.tasks()]
+    reg.close()
+    assert b'"tasks"' in (directory / "claims.json").read_bytes()
+    again = Registry(directory, clock=clock, prober=prober)
+    assert [(s.task, s.status, s.waits_for) for s in again.tasks()] == before
+    again.close()
+
+
+# --- the index against a brute-force oracle -------------------------------------------------
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "claim_next", "complete", "release", "block", "unblock",
+                         "reopen", "expire", "claim_next_stale", "depend"]),
+        st.integers(0, 7), st.integers(0, 7), st.integers(0, 3)),
+    min_size=1, max_size=60)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(OPS)
+def test_claim_next_matches_a_brute_force_scan(ops: list[tuple[str, int, int, int]]) -> None:
+    """Whatever happened, claim_next hands out exactly what a scan of every task, readiness
+    worked out from scratch, says is first in order."""
+    clock = FakeClock()
+    reg = memory_registry(clock=clock)
+    tokens: dict[str, str] = {}
+
+    def expected(take_stale: bool) -> str | None:
+        state = reg.store.read()
+        now = clock.now()
+        best = None
+        for record in state.tasks.values():
+            st_ = queue.status(record, state.claims)
+            ok = st_.status == "ready"
+            if take_stale and st_.status == "held" and queue.not_ready(record, state.claims) \
+                    is None:
+                claim = state.claims.get(record.task)
+                ok = claim is not None and reg.is_stale(claim) is not None
+            if ok and (best is None or record.key < best.key):
+                best = record
+        del now
+        return None if best is None else best.task
+
+    for op, i, j, p in ops:
+        a, b = f"t{i}", f"t{j}"
+        try:
+            if op == "add":
+                reg.add(a, priority=p, depends_on=[b] if i != j and p else [])
+            elif op == "depend" and i != j:
+                reg.depend(a, on=[b])
+            elif op in ("claim_next", "claim_next_stale"):
+                stale = op == "claim_next_stale"
+                want = expected(stale)
+                got = reg.claim_next(owner=f"w{p}", ttl=10, take_stale=stale)
+                assert (got.task if got else None) == want
+                if got is not None:
+                    tokens[got.task] = got.token or ""
+            elif op == "complete" and a in tokens:
+                reg.complete(a, token=tokens.pop(a))
+            elif op == "release" and a in tokens:
+                reg.release(a, token=tokens.pop(a))
+            elif op == "block":
+                reg.block(a, reason=f"r{p}")
+            elif op == "unblock":
+                reg.unblock(a)
+            elif op == "reopen":
+                reg.reopen(a, reason="again")
+            elif op == "expire":
+                clock.advance(6)
+        except (UnknownTask, DependencyCycle, TaskCompleted) as exc:
+            assert isinstance(exc, (UnknownTask, DependencyCycle, TaskCompleted))
+        except Exception as exc:  # LeaseExpired etc. after time moves on
+            from fleetclaims import NotHolder
+
+            assert isinstance(exc, NotHolder), exc
+            tokens.pop(a, None)
+    # And the index agrees with a rebuild from scratch at the end.
+    state = reg.store.read()
+    assert state.tasks.ready_keys(state.claims) == sorted(
+        r.key for r in state.tasks.values()
+        if queue.status(r, state.claims).status == "ready")
+
+
+def test_make_registry_types(make_registry: Callable[[], Registry]) -> None:
+    """Two handles on one registry see each other's queue changes (file and PostgreSQL read
+    other writers' events; memory shares one store)."""
+    one, two = make_registry(), make_registry()
+    one.add("x")
+    one.add("y", depends_on=["x"])
+    got = two.claim_next(owner="w2")
+    assert got is not None and got.task == "x"
+    assert one.claim_next(owner="w1") is None  # x is held by w2, y waits for x
+    two.complete("x", token=got.token or "")
+    nxt = one.claim_next(owner="w1")
+    assert nxt is not None and nxt.task == "y"
+
+
+@pytest.mark.postgres
+def test_postgres_schema_1_is_upgraded_to_the_queue_schema(postgres_url: str) -> None:
+    """A registry created before the work queue (schema 1) gains the tasks table on first
+    use, keeping its claims and journal."""
+    import psycopg
+
+    from fleetclaims.store.postgres import SCHEMA_VERSION
+
+    schema = "t_upgrade_v1"
+    old = Registry(postgres_url, schema=schema)
+    old.claim("legacy", owner="a")
+    old.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {schema}.tasks")
+        conn.execute(f"DELETE FROM {schema}.schema_version WHERE version > 1")
+    reg = Registry(postgres_url, schema=schema)
+    assert reg.get("legacy") is not None
+    reg.add("new", depends_on=["legacy"])
+    assert reg.task("new").status == "pending"  # type: ignore[union-attr]
+    assert reg.store.schema_version() == SCHEMA_VERSION == 2  # type: ignore[attr-defined]
+    assert reg.verify().ok
+    reg.close()

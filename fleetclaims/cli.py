@@ -279,8 +279,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--expired", action="store_true", help="include expired leases")
     p.add_argument("--completed", action="store_true", help="include completed tasks")
     p.add_argument("--all", action="store_true", help="include expired, completed and released")
+    p.add_argument("--tasks", action="store_true",
+                   help="list the work queue instead: every added task with its readiness")
+    p.add_argument("--status", action="append", choices=("ready", "held", "pending", "blocked",
+                   "completed"), help="with --tasks: only tasks in this state (repeatable)")
 
-    add("stats", "counts of active, expired and completed claims, per owner")
+    add("stats", "counts of active, expired and completed claims, per owner, and of the "
+        "work queue by readiness")
 
     p = add("events", "page through the audit events (see also: audit)")
     p.add_argument("--after", type=int, default=0, help="cursor: the last seq already seen")
@@ -331,9 +336,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("action", choices=("migrate",))
     p.add_argument("--schema", help="PostgreSQL schema name (default fleetclaims)")
 
-    # The agent-facing commands (mcp, guard, hooks, brief) live in their own module.
-    from . import cli_agents
+    # The work queue's and the agent-facing commands live in their own modules.
+    from . import cli_agents, cli_queue
 
+    cli_queue.add_parsers(add, EXAMPLES, _dur)
     cli_agents.add_parsers(add, EXAMPLES)
     return parser
 
@@ -496,6 +502,10 @@ def cmd_show(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_list(args: argparse.Namespace, out: Out) -> int:
+    if args.tasks:
+        from .cli_queue import show_tasks
+
+        return show_tasks(args, out)
     reg = _registry(args)
     if out.json:
         now = time.time()
@@ -524,10 +534,13 @@ def cmd_stats(args: argparse.Namespace, out: Out) -> int:
     if out.json:
         out.doc({"active": s.active, "expired": s.expired, "completed": s.completed,
                  "released": s.released, "seq": s.seq, "fence": s.fence,
-                 "per_owner": {o: vars(v) for o, v in s.per_owner.items()}})
+                 "per_owner": {o: vars(v) for o, v in s.per_owner.items()},
+                 "queue": s.queue})
         return EXIT_OK
     out.line(f"active {s.active}, expired {s.expired}, completed {s.completed}, "
              f"released {s.released}; journal at seq {s.seq}, last fence {s.fence}")
+    if s.queue:
+        out.line("queue: " + ", ".join(f"{n} {k}" for k, n in s.queue.items()))
     out.table(["OWNER", "ACTIVE", "EXPIRED", "COMPLETED"],
               [[o, str(v.active), str(v.expired), str(v.completed)]
                for o, v in s.per_owner.items()])
@@ -814,10 +827,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Out], int]] = {
 }
 
 
-def _commands() -> dict[str, Callable[[argparse.Namespace, Out], int]]:
-    from . import cli_agents
+def all_commands() -> dict[str, Callable[[argparse.Namespace, Out], int]]:
+    from . import cli_agents, cli_queue
 
-    return {**COMMANDS, **cli_agents.COMMANDS}
+    return {**COMMANDS, **cli_queue.COMMANDS, **cli_agents.COMMANDS}
 
 
 def _command_of(argv: list[str]) -> str | None:
@@ -831,7 +844,7 @@ def _command_of(argv: list[str]) -> str | None:
         elif arg == "--":
             return None
         elif not arg.startswith("-"):
-            return arg if arg in _commands() else None
+            return arg if arg in all_commands() else None
     return None
 
 
@@ -853,7 +866,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     out = Out(bool(args.json))
     try:
-        return _commands()[args.command](args, out)
+        return all_commands()[args.command](args, out)
     except FleetclaimsError as exc:
         return _err(out.json, exc)
     except KeyboardInterrupt:
@@ -866,4 +879,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
-__all__ = ["EXIT_CONFLICT", "EXIT_NOT_HOLDER", "build_parser", "main"]
+__all__ = ["EXIT_CONFLICT", "EXIT_NOT_HOLDER", "all_commands", "build_parser", "main"]

@@ -429,6 +429,7 @@ def render_html(
         f'<td class="n">{s.lost}</td><td class="n">{s.rejected}</td>'
         f'<td class="n" data-seconds="{s.held_seconds:.3f}">{duration(s.held_seconds)}</td></tr>'
         for s in summary)
+    queue = _queue_table(evs, tasks, since, until)
     window = ", ".join(filter(None, [
         f"tasks: {', '.join(sorted(tasks))}" if tasks is not None else "",
         f"since {iso(since)}" if since is not None else "",
@@ -445,8 +446,37 @@ def render_html(
 <div class="chart">{"".join(svg)}</div>
 <h2>Owners</h2><table><thead><tr><th>Owner</th><th>Claims</th><th>Completions</th>
 <th>Recoveries</th><th>Lost leases</th><th>Rejected</th><th>Time held</th></tr></thead>
-<tbody>{rows}</tbody></table><div id="tip" hidden></div><script>{_JS}</script></body></html>
+<tbody>{rows}</tbody></table>{queue}<div id="tip" hidden></div><script>{_JS}</script></body></html>
 """
+
+
+def _queue_table(evs: list[Event], tasks: Collection[str] | None, since: float | None,
+                 until: float | None) -> str:
+    """The work queue's waits: per added task, how long it was pending (added to ready), how
+    long it waited ready (to its first claim) and how long the work took (to completion)."""
+    from .core.queue import queue_times
+
+    times = queue_times(evs)
+    picked = [(t, row) for t, row in sorted(times.items(), key=lambda kv: (kv[1]["added"] or 0,
+                                                                          kv[0]))
+              if (tasks is None or t in tasks) and row["added"] is not None
+              and _in(row["added"], None, until) and (since is None or max(
+                  v for v in row.values() if v is not None) >= since)]
+    if not picked:
+        return ""
+
+    def span(a: float | None, b: float | None) -> str:
+        if a is None or b is None:
+            return '<td class="n">—</td>'
+        return f'<td class="n" data-seconds="{b - a:.3f}">{duration(b - a)}</td>'
+
+    body = "".join(
+        f"<tr><td>{_e(t)}</td><td>{iso(r['added'] or 0)}</td>"
+        f"{span(r['added'], r['ready'])}{span(r['ready'], r['claimed'])}"
+        f"{span(r['claimed'], r['completed'])}</tr>" for t, r in picked)
+    return ('<h2>Work queue</h2><table class="queue"><thead><tr><th>Task</th><th>Added</th>'
+            "<th>Pending (to ready)</th><th>Ready (to claimed)</th><th>Worked (to completed)"
+            f"</th></tr></thead><tbody>{body}</tbody></table>")
 
 
 # --- export ------------------------------------------------------------------------------------

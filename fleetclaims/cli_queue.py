@@ -1,0 +1,205 @@
+"""CLI commands of the work queue: ``add``, ``depend``, ``block``, ``unblock``, ``next``,
+``ready``, and the queue view of ``list --tasks``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .core.durations import relative
+from .core.errors import EXIT_CONFLICT, EXIT_OK
+
+if TYPE_CHECKING:
+    from .cli import Out
+    from .core.queue import Task, TaskStatus
+
+AddParser = Callable[[str, str], argparse.ArgumentParser]
+
+EXAMPLES = {
+    "add": "fleetclaims add build-docs --priority 10 --after write-docs --label docs",
+    "depend": "fleetclaims depend release-1.2 --on build-docs --on run-tests",
+    "block": "fleetclaims block release-1.2 --reason 'waiting for legal review'",
+    "unblock": "fleetclaims unblock release-1.2",
+    "next": "fleetclaims next --owner agent-a --label docs --ttl 15m\n"
+    "  # exit 3 and no claim when nothing is ready",
+    "ready": "fleetclaims ready --label docs",
+}
+
+
+def add_parsers(add: AddParser, examples: dict[str, str], dur: Callable[[str], Any]) -> None:
+    examples.update(EXAMPLES)
+    p = add("add", "put a task in the work queue (or update it); repeats change nothing")
+    p.add_argument("task")
+    p.add_argument("--priority", type=int, default=100,
+                   help="lower numbers are handed out first (default 100)")
+    p.add_argument("--after", "--depends-on", dest="depends_on", action="append", default=[],
+                   metavar="TASK", help="a task that must be completed first (repeatable)")
+    p.add_argument("--label", dest="labels", action="append", default=[],
+                   help="a label workers can ask for with `next --label` (repeatable)")
+    p.add_argument("--note")
+
+    p = add("depend", "make a queued task also wait for other tasks")
+    p.add_argument("task")
+    p.add_argument("--on", dest="on", action="append", required=True, metavar="TASK",
+                   help="the task it waits for (repeatable)")
+
+    p = add("block", "keep a queued task from being claimed until unblocked")
+    p.add_argument("task")
+    p.add_argument("--reason", required=True)
+
+    p = add("unblock", "let a blocked task be claimed again")
+    p.add_argument("task")
+    p.add_argument("--reason")
+
+    p = add("next", "claim the best ready task of the queue (atomically), or exit 3")
+    p.add_argument("--owner", required=True)
+    p.add_argument("--label", dest="labels", action="append", default=[],
+                   help="only tasks carrying this label (repeatable: all of them)")
+    p.add_argument("--ttl", type=dur("ttl"), default=600.0, help="lease length (default 10m)")
+    p.add_argument("--note")
+    p.add_argument("--take-stale", action="store_true",
+                   help="a ready task whose claim is stale counts as ready")
+    p.add_argument("--pid", type=int, default=None,
+                   help="the owner's process: when it dies the claim is stale at once")
+
+    p = add("ready", "what `next` would hand out now, best first")
+    p.add_argument("--label", dest="labels", action="append", default=[])
+
+
+def _task_doc(t: Task) -> dict[str, Any]:
+    return t.to_dict()
+
+
+def _status_doc(s: TaskStatus) -> dict[str, Any]:
+    doc = _task_doc(s.task)
+    doc.update(status=s.status, waits_for=list(s.waits_for), holder=s.holder)
+    return doc
+
+
+def cmd_add(args: argparse.Namespace, out: Out) -> int:
+    from .cli import _registry
+
+    reg = _registry(args)
+    seq = reg.stats().seq
+    existed = reg.task(args.task) is not None
+    t = reg.add(args.task, priority=args.priority, depends_on=args.depends_on,
+                labels=args.labels, note=args.note)
+    changed = reg.stats().seq != seq
+    if out.json:
+        out.doc({**_task_doc(t), "changed": changed})
+        return EXIT_OK
+    status = reg.task(t.task)
+    verb = ("updated" if existed else "added") if changed else "unchanged"
+    after = f", after {', '.join(t.depends_on)}" if t.depends_on else ""
+    out.line(f"{out.paint(verb, '32')} {t.task}: priority {t.priority}{after}; "
+             f"{status.status if status else '?'}")
+    return EXIT_OK
+
+
+def cmd_depend(args: argparse.Namespace, out: Out) -> int:
+    from .cli import _registry
+
+    reg = _registry(args)
+    t = reg.depend(args.task, on=args.on)
+    if out.json:
+        out.doc(_task_doc(t))
+    else:
+        out.line(f"{t.task} waits for {', '.join(t.depends_on)}")
+    return EXIT_OK
+
+
+def cmd_block(args: argparse.Namespace, out: Out) -> int:
+    from .cli import _registry
+
+    changed = _registry(args).block(args.task, reason=args.reason)
+    if out.json:
+        out.doc({"task": args.task, "blocked": True, "changed": changed})
+    else:
+        out.line(f"{'blocked' if changed else 'already blocked'} {args.task}: {args.reason}")
+    return EXIT_OK
+
+
+def cmd_unblock(args: argparse.Namespace, out: Out) -> int:
+    from .cli import _registry
+
+    reg = _registry(args)
+    changed = reg.unblock(args.task, reason=args.reason)
+    status = reg.task(args.task)
+    if out.json:
+        out.doc({"task": args.task, "blocked": False, "changed": changed,
+                 "status": status.status if status else None})
+    else:
+        out.line(f"{'unblocked' if changed else 'was not blocked:'} {args.task}; "
+                 f"now {status.status if status else '?'}")
+    return EXIT_OK
+
+
+def cmd_next(args: argparse.Namespace, out: Out) -> int:
+    from .cli import _registry, _show_claim
+
+    reg = _registry(args)
+    c = reg.claim_next(owner=args.owner, labels=args.labels, ttl=args.ttl, note=args.note,
+                       take_stale=args.take_stale,
+                       process=args.pid if args.pid is not None else False)
+    if c is not None:
+        _show_claim(out, c, "claimed")
+        return EXIT_OK
+    counts = reg.stats().queue
+    if out.json:
+        out.doc({"task": None, "error": "nothing_ready", "queue": counts})
+    else:
+        summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "the queue is empty"
+        out.line(f"nothing ready{' with those labels' if args.labels else ''} ({summary}). "
+                 "Wait and retry, or see `fleetclaims list --tasks`.")
+    return EXIT_CONFLICT
+
+
+def cmd_ready(args: argparse.Namespace, out: Out) -> int:
+    from .cli import _registry
+
+    tasks = _registry(args).ready(labels=args.labels)
+    if out.json:
+        out.doc([_task_doc(t) for t in tasks])
+        return EXIT_OK
+    if not tasks:
+        out.line("nothing ready (see `fleetclaims list --tasks` for what is pending or blocked)")
+        return EXIT_OK
+    now = time.time()
+    out.table(["TASK", "PRIORITY", "LABELS", "ADDED", "NOTE"],
+              [[t.task, str(t.priority), ",".join(t.labels), relative(t.added_at, now),
+                t.note or ""] for t in tasks])
+    return EXIT_OK
+
+
+def show_tasks(args: argparse.Namespace, out: Out) -> int:
+    """``list --tasks``: every queued task with its readiness, in hand-out order."""
+    from .cli import _registry
+
+    reg = _registry(args)
+    items = reg.tasks(status=args.status or None)
+    if out.json:
+        out.doc([_status_doc(s) for s in items])
+        return EXIT_OK
+    counts = reg.stats().queue
+    if not items:
+        out.line("no queued tasks" + (" in that state" if args.status else
+                                      " (add some with `fleetclaims add TASK`)"))
+        return EXIT_OK
+    rows = []
+    for s in items:
+        detail = (f"waits for {', '.join(s.waits_for)}" if s.waits_for
+                  else f"held by {s.holder}" if s.holder
+                  else f"blocked: {s.task.blocked}" if s.task.blocked else "")
+        rows.append([s.task.task, s.status.upper(), str(s.task.priority),
+                     ",".join(s.task.labels), detail])
+    out.table(["TASK", "STATUS", "PRIORITY", "LABELS", "DETAIL"], rows)
+    out.line("queue: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Out], int]] = {
+    "add": cmd_add, "depend": cmd_depend, "block": cmd_block, "unblock": cmd_unblock,
+    "next": cmd_next, "ready": cmd_ready,
+}

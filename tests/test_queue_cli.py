@@ -1,0 +1,102 @@
+"""The work queue from the command line, and its place in the audit report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_cli import cli, run_cli
+
+from fleetclaims import Registry
+from fleetclaims.core.queue import queue_times
+from fleetclaims.report import render_html
+
+
+def test_queue_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = str(tmp_path / "r")
+
+    def fc(*args: str) -> tuple[int, str, str]:
+        return run_cli([*args, "--dir", d], capsys)
+
+    assert fc("add", "docs", "--label", "docs", "--priority", "10")[1].startswith("added docs")
+    assert fc("add", "docs", "--label", "docs", "--priority", "10")[1].startswith("unchanged")
+    assert fc("add", "docs", "--label", "docs", "--priority", "5")[1].startswith("updated")
+    assert fc("add", "release", "--after", "docs", "--after", "tests")[0] == 0
+    assert fc("add", "tests")[0] == 0
+    code, out, err = fc("depend", "docs", "--on", "release")
+    assert code == 2 and "docs -> release -> docs" in err
+    code, out, _ = fc("block", "tests", "--reason", "CI is down")
+    assert code == 0 and "blocked tests" in out
+    code, out, _ = fc("list", "--tasks")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1].split()[:2] == ["docs", "READY"]
+    assert "waits for docs, tests" in out and "blocked: CI is down" in out
+    assert lines[-1] == "queue: 1 ready, 0 held, 1 pending, 1 blocked, 0 completed"
+    code, out, _ = fc("list", "--tasks", "--status", "pending", "--json")
+    assert [t["task"] for t in json.loads(out)] == ["release"]
+    assert json.loads(out)[0]["waits_for"] == ["docs", "tests"]
+    code, out, err = fc("claim", "release", "--owner", "a", "--json")
+    assert code == 3 and json.loads(out)["error"] == "not_ready"
+    assert json.loads(out)["waits_for"] == ["docs", "tests"]
+    assert [t["task"] for t in json.loads(fc("ready", "--json")[1])] == ["docs"]
+    code, out, _ = fc("next", "--owner", "a", "--label", "docs", "--json")
+    assert code == 0
+    claim = json.loads(out)
+    assert claim["task"] == "docs" and claim["priority"] == 5 and claim["token"]
+    code, out, _ = fc("next", "--owner", "b", "--json")
+    assert code == 3 and json.loads(out) == {
+        "task": None, "error": "nothing_ready",
+        "queue": {"ready": 0, "held": 1, "pending": 1, "blocked": 1, "completed": 0}}
+    assert fc("complete", "docs", "--token", claim["token"])[0] == 0
+    code, out, _ = fc("unblock", "tests", "--json")
+    assert json.loads(out) == {"task": "tests", "blocked": False, "changed": True,
+                               "status": "ready"}
+    code, out, _ = fc("stats", "--json")
+    assert json.loads(out)["queue"] == {"ready": 1, "held": 0, "pending": 1, "blocked": 0,
+                                        "completed": 1}
+    code, out, err = fc("block", "ghost", "--reason", "x")
+    assert code == 1 and "fleetclaims add ghost" in err
+
+
+def test_next_in_a_real_process_exits_3_when_nothing_is_ready(tmp_path: Path) -> None:
+    d = tmp_path / "r"
+    assert cli(d, "add", "only").returncode == 0
+    first = cli(d, "next", "--owner", "a")
+    assert first.returncode == 0 and "claimed only for a" in first.stdout
+    second = cli(d, "next", "--owner", "b")
+    assert second.returncode == 3 and "nothing ready (1 held)" in second.stdout
+
+
+def test_queue_times_and_report(tmp_path: Path) -> None:
+    from fleetclaims.testing import FakeClock
+
+    clock = FakeClock()
+    reg = Registry(tmp_path / "r", clock=clock)
+    reg.add("base")
+    reg.add("top", depends_on=["base"])
+    clock.advance(10)
+    base = reg.claim_next(owner="w")
+    assert base is not None
+    clock.advance(20)
+    reg.complete("base", token=base.token or "")
+    clock.advance(5)
+    top = reg.claim_next(owner="w")
+    assert top is not None
+    clock.advance(7)
+    reg.complete("top", token=top.token or "")
+    events = [e.data for e in reg.events(after=0, limit=1000).events]
+    times = queue_times(events)
+    t0 = times["base"]["added"]
+    assert t0 is not None
+    rel = {t: {k: (v - t0 if v is not None else None) for k, v in row.items()}
+           for t, row in times.items()}
+    assert rel == {
+        "base": {"added": 0, "ready": 0, "claimed": 10, "completed": 30},
+        "top": {"added": 0, "ready": 30, "claimed": 35, "completed": 42},
+    }
+    html = render_html(events, title="t", generated_at=clock.now().wall)
+    assert "<h2>Work queue</h2>" in html
+    assert 'data-seconds="30.000"' in html and 'data-seconds="5.000"' in html
+    reg.close()

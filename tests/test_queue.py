@@ -332,6 +332,8 @@ def test_claim_next_matches_a_brute_force_scan(ops: list[tuple[str, int, int, in
             tokens.pop(a, None)
     # And the index agrees with a rebuild from scratch at the end.
     state = reg.store.read()
+    assert len(state.tasks) == len(list(state.tasks.values())) == len(dict(
+        state.tasks.raw_items()))
     assert state.tasks.ready_keys(state.claims) == sorted(
         r.key for r in state.tasks.values()
         if queue.status(r, state.claims).status == "ready")

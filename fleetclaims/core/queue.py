@@ -203,51 +203,54 @@ class QueueIndex:
 
 
 class TaskTable:
-    """task -> Task, holding persisted entries as raw dicts until first looked at (a cold
-    ``fleetclaims claim`` must not convert the whole queue), with a lazily built index."""
+    """task -> Task. Persisted entries stay raw dicts until first looked at (a cold
+    ``fleetclaims claim`` must not convert the whole queue) and are kept after conversion
+    until the task changes, so a checkpoint re-encodes only what changed."""
 
-    __slots__ = ("_index", "_raw", "_tasks")
+    __slots__ = ("_extra", "_index", "_raw", "_tasks")
 
     def __init__(self, raw: Mapping[str, Any] | None = None) -> None:
-        self._tasks: dict[str, Task] = {}
-        self._raw: dict[str, Any] = dict(raw) if raw else {}
+        self._tasks: dict[str, Task] = {}  # converted or changed records
+        self._raw: dict[str, Any] = dict(raw) if raw else {}  # persisted, unchanged since
+        self._extra = 0  # tasks in _tasks but not in _raw (changed or new)
         self._index: QueueIndex | None = None
 
     def get(self, task: str) -> Task | None:
         found = self._tasks.get(task)
         if found is None and task in self._raw:
-            raw = self._raw[task]
             try:
-                found = Task.from_dict(_mapping(raw))
+                found = Task.from_dict(_mapping(self._raw[task]))
             except (KeyError, TypeError, ValueError) as exc:
                 raise RegistryCorrupt(
                     "work queue", f"the record of task {task!r} is malformed ({exc})",
                     hint="Run `fleetclaims doctor --fix`: it rebuilds the registry from the "
                     "journal.",
                 ) from None
-            del self._raw[task]
             self._tasks[task] = found
         return found
 
     def put(self, record: Task, claims: ClaimTable) -> None:
         """Store ``record``; keeps the index (when built) in step."""
-        old = self.get(record.task)
-        self._raw.pop(record.task, None)
-        self._tasks[record.task] = record
+        name = record.task
+        old = self.get(name)
+        if old is None or name in self._raw:
+            self._extra += 1  # from now on only in _tasks
+        self._raw.pop(name, None)
+        self._tasks[name] = record
         if self._index is not None:
             if old is not None:
-                self._index.unlink(record.task, old.depends_on)
-            self._index.link(record.task, record.depends_on)
+                self._index.unlink(name, old.depends_on)
+            self._index.link(name, record.depends_on)
             self._index.place(record, claims)
 
     def __contains__(self, task: object) -> bool:
         return task in self._tasks or task in self._raw
 
     def __len__(self) -> int:
-        return len(self._tasks) + len(self._raw)
+        return len(self._raw) + self._extra
 
     def names(self) -> list[str]:
-        return sorted([*self._tasks, *self._raw])
+        return sorted({*self._raw, *self._tasks})
 
     def values(self) -> Iterator[Task]:
         for name in self.names():
@@ -258,12 +261,14 @@ class TaskTable:
     def raw_items(self) -> Iterator[tuple[str, Any]]:
         yield from self._raw.items()
         for name, record in self._tasks.items():
-            yield name, record.to_dict()
+            if name not in self._raw:
+                yield name, record.to_dict()
 
     def copy(self) -> TaskTable:
         clone = type(self)()
         clone._tasks = dict(self._tasks)
         clone._raw = dict(self._raw)
+        clone._extra = self._extra
         return clone  # the index is rebuilt on demand: it holds mutable lists
 
     # --- the index ---------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fleetclaims import Registry  # noqa: E402
+from fleetclaims import Registry
 
 SCHEMA = """
 CREATE TABLE tasks (id TEXT PRIMARY KEY, priority INTEGER NOT NULL, added_at REAL NOT NULL,

@@ -460,10 +460,20 @@ def cmd_reopen(args: argparse.Namespace, out: Out) -> int:
 def cmd_show(args: argparse.Namespace, out: Out) -> int:
     reg = _registry(args)
     c = reg.get(args.task)
+    queued = reg.task(args.task)
     now = time.time()
+    queue_doc = None if queued is None else {
+        "status": queued.status, "waits_for": list(queued.waits_for),
+        "priority": queued.task.priority, "depends_on": list(queued.task.depends_on),
+        "labels": list(queued.task.labels), "blocked": queued.task.blocked}
     if c is None:
         if out.json:
-            out.doc({"task": args.task, "claim": None})
+            out.doc({"task": args.task, "claim": None, "queue": queue_doc})
+        elif queued is not None:
+            waits = f", waits for {', '.join(queued.waits_for)}" if queued.waits_for else ""
+            block = f": {queued.task.blocked}" if queued.task.blocked else ""
+            out.line(f"{args.task} is queued and has never been claimed: "
+                     f"{queued.status}{block}{waits}")
         else:
             out.line(f"{args.task} has never been claimed")
         return EXIT_OK
@@ -474,6 +484,7 @@ def cmd_show(args: argparse.Namespace, out: Out) -> int:
         doc["stale"] = stale
         doc["liveness"] = None if verdict is None else {"state": verdict.state,
                                                         "reasons": list(verdict.reasons)}
+        doc["queue"] = queue_doc
         out.doc(doc)
         return EXIT_OK
     rows = [
@@ -495,6 +506,9 @@ def cmd_show(args: argparse.Namespace, out: Out) -> int:
                               "--owner YOU --reason ...`"))
     if c.result is not None:
         rows.append(("result", json.dumps(c.result)))
+    if queued is not None:
+        rows.append(("queue", queued.status + (
+            f", after {', '.join(queued.task.depends_on)}" if queued.task.depends_on else "")))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         out.line(f"{key.ljust(width)}  {value}")

@@ -100,3 +100,29 @@ def test_queue_times_and_report(tmp_path: Path) -> None:
     assert "<h2>Work queue</h2>" in html
     assert 'data-seconds="30.000"' in html and 'data-seconds="5.000"' in html
     reg.close()
+
+
+def test_show_and_explain_tell_the_queue_story(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    d = str(tmp_path / "r")
+    for args in (["add", "base"], ["add", "top", "--after", "base"],
+                 ["block", "top", "--reason", "needs review"]):
+        assert run_cli([*args, "--dir", d], capsys)[0] == 0
+    _, out, _ = run_cli(["show", "top", "--dir", d], capsys)
+    assert out.strip() == "top is queued and has never been claimed: blocked: needs review"
+    _, out, _ = run_cli(["show", "top", "--dir", d, "--json"], capsys)
+    assert json.loads(out)["queue"]["status"] == "blocked"
+    assert run_cli(["unblock", "top", "--dir", d], capsys)[0] == 0
+    _, out, _ = run_cli(["show", "top", "--dir", d], capsys)
+    assert out.strip().endswith("pending, waits for base")
+    assert run_cli(["claim", "top", "--owner", "eager", "--dir", d], capsys)[0] == 3
+    _, out, _ = run_cli(["explain", "top", "--dir", d], capsys)
+    assert "because: it is in the work queue" in out
+    assert "operator added it to the queue (priority 100, after base)" in out
+    assert "operator blocked it: needs review" in out and "operator unblocked it" in out
+    assert "eager was refused: not ready: waits for base" in out
+    _, out, _ = run_cli(["next", "--owner", "w", "--dir", d, "--json"], capsys)
+    token = json.loads(out)["token"]
+    assert run_cli(["complete", "base", "--token", token, "--dir", d], capsys)[0] == 0
+    _code, out, _ = run_cli(["explain", "top", "--dir", d], capsys)
+    assert "it became ready (base was completed)" in out

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import events as ev
+from . import queue
 from .durations import format_duration, iso
 
 
@@ -49,6 +50,8 @@ def describe(e: dict[str, Any]) -> str:
         text = f"{owner} claimed it (fence {fence}, {_ttl(e)}, priority {e.get('priority')})"
         if e.get("reason"):
             text += f"; reason: {e['reason']}"
+    elif kind == ev.CLAIM_REJECTED and e.get("holder") is None:
+        text = f"{owner} was refused: {e.get('reason')}"  # a queued task not ready yet
     elif kind == ev.CLAIM_REJECTED:
         text = (f"{owner} was refused: held by {e.get('holder')} (fence {fence}); "
                 f"{e.get('reason')}")
@@ -81,6 +84,24 @@ def describe(e: dict[str, Any]) -> str:
                 f"by {e.get('winner')}'s (fence {fence}); rule: {e.get('rule')}")
     elif kind == ev.REGISTRIES_MERGED:
         text = f"registry merged from {e.get('source')}"
+    elif kind in (queue.TASK_ADDED, queue.TASK_UPDATED):
+        deps = e.get("depends_on") or []
+        text = (f"{e.get('actor')} {'added it to' if kind == queue.TASK_ADDED else 'updated it in'}"
+                f" the queue (priority {e.get('priority')}"
+                + (f", after {', '.join(map(str, deps))}" if deps else "")
+                + (f", labels {', '.join(map(str, e.get('labels') or []))}"
+                   if e.get("labels") else "")
+                + (f"; changed {', '.join(map(str, e.get('changed') or []))}"
+                   if kind == queue.TASK_UPDATED else "") + ")")
+    elif kind == queue.TASK_BLOCKED:
+        text = f"{e.get('actor')} blocked it: {e.get('reason')}"
+    elif kind == queue.TASK_UNBLOCKED:
+        text = f"{e.get('actor')} unblocked it" + (
+            f": {e.get('reason')}" if e.get("reason") else "")
+    elif kind == queue.BECAME_READY:
+        after = e.get("after")
+        text = "it became ready" + (" (unblocked)" if after == "unblock"
+                                     else f" ({after} was completed)" if after else "")
     else:
         text = str(kind)
     return prefix + text
@@ -93,6 +114,7 @@ def explain(task: str, events: list[dict[str, Any]]) -> Explanation:
     fence: int | None = None
     state = "never claimed"
     why = "no event names this task"
+    queued = False
     for e in events:
         mentions = e.get("task") == task or (
             e.get("type") == ev.REGISTRIES_MERGED
@@ -105,6 +127,10 @@ def explain(task: str, events: list[dict[str, Any]]) -> Explanation:
         if e.get("imported"):
             continue
         when = iso(e.get("ts"))
+        if kind == queue.TASK_ADDED and not queued:
+            queued = True
+            if state == "never claimed":
+                why = f"it is in the work queue ({describe(e)} at {when}) but nobody claimed it"
         if kind in ev.GRANTS:
             holder, fence, state = e.get("owner"), e.get("fence"), "held"
             why = f"{describe(e)} at {when} (seq {e['seq']})"

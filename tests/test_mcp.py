@@ -169,3 +169,26 @@ def test_owner_from_environment(tmp_path: Path) -> None:
             assert (await call(s, "claim", task="t1"))["owner"] == "agent-env"
 
     anyio.run(scenario)
+
+
+def test_readme_client_configuration_works(tmp_path: Path) -> None:
+    """The README's mcpServers snippet, with its paths pointed here, starts a working server."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Using fleetclaims from AI agents", 1)[1]
+    snippet = section.split("```json\n", 1)[1].split("```", 1)[0]
+    entry = json.loads(snippet)["mcpServers"]["fleetclaims"]
+    assert Path(entry["command"]).name == "fleetclaims"
+    args = list(entry["args"])
+    args[args.index("--dir") + 1] = str(tmp_path / "reg")
+    script = Path(sys.executable).parent / "fleetclaims"  # this installation's entry point
+    params = StdioServerParameters(command=str(script), args=args)
+
+    async def scenario() -> None:
+        with open(os.devnull, "w") as errlog:
+            async with stdio_client(params, errlog=errlog) as (read, write), \
+                    ClientSession(read, write) as session:
+                await session.initialize()
+                got = await call(session, "claim", task="from-readme")
+                assert got["owner"] == args[args.index("--owner") + 1]
+
+    anyio.run(scenario)

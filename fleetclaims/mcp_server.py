@@ -108,6 +108,12 @@ class ClaimsServer:
                 return _ok(op())
             except FleetclaimsError as exc:
                 return _error(exc)
+            except OSError as exc:  # the registry's files; the SDK would hide the reason
+                text = json.dumps({"error": "error", "message": str(exc), "holder": None,
+                                   "next_action": "Check the registry path and permissions "
+                                   "(--dir), then retry."})
+                return CallToolResult(content=[TextContent(type="text", text=text)],
+                                      is_error=True)
 
     def token_for(self, task: str, token: str | None) -> str:
         if token:
@@ -142,9 +148,11 @@ class ClaimsServer:
               take_stale: Annotated[bool, Field(description="Take the task over if its claim "
                                                 "is stale (expired or owner dead).")] = False,
               ) -> CallToolResult:
+        # With the token this server already holds for the task, a repeated claim (an agent
+        # retrying after a lost reply) is idempotent instead of a conflict with itself.
         return self.call(lambda: self.granted(self.registry.claim(
             task, owner=self.owner, ttl=ttl, note=note, priority=priority,
-            take_stale=take_stale)))
+            take_stale=take_stale, token=self.tokens.get(task))))
 
     def renew(self, task: Task, ttl: Ttl = None, token: Token = None) -> CallToolResult:
         def op() -> dict[str, Any]:

@@ -73,6 +73,8 @@ def test_two_agents_claim_conflict_renew_complete(tmp_path: Path) -> None:
             got = await call(a, "claim", task="issue-42", ttl=60, note="parser")
             assert got["owner"] == "agent-a" and got["fence"] == 1
             assert "token" not in got and got["token_held_by_server"] is True
+            again = await call(a, "claim", task="issue-42", ttl=60)  # a retry: same grant
+            assert again["fence"] == 1
 
             err = await error(b, "claim", task="issue-42")
             assert err["error"] == "conflict" and err["holder"] == "agent-a"

@@ -34,6 +34,13 @@ def run_command(
     env = dict(os.environ)
     env.update(FLEETCLAIMS_TASK=task, FLEETCLAIMS_TOKEN=lease.token,
                FLEETCLAIMS_FENCE=str(lease.fence), FLEETCLAIMS_OWNER=owner)
+    from .store.file import FileStore
+
+    if isinstance(reg.store, FileStore):
+        # The command's own fleetclaims calls (the guard in git hooks, renew) must find this
+        # registry even when it was chosen with --dir; a URL is left to the caller's settings.
+        env["FLEETCLAIMS_DIR"] = reg.store.location
+        env.pop("FLEETCLAIMS_URL", None)
     try:
         proc = subprocess.Popen(cmd, env=env)
     except OSError as exc:

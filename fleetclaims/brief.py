@@ -1,0 +1,101 @@
+"""``fleetclaims brief``: a short, current picture of the registry for an agent's context.
+
+Who holds what, what is stale, what this owner holds and must renew soon, and the exact
+commands to use. Kept short on purpose (an agent's context is precious): each list is capped.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .core.durations import format_duration, relative
+
+if TYPE_CHECKING:
+    from .api import Registry
+    from .core.model import Claim
+
+SHOWN = 15  # entries per section; the rest are counted, not listed
+RENEW_AT = 1 / 3  # renew once less than this share of the TTL is left (what `hold`/`run` do)
+
+
+def _entry(c: Claim, now: float, stale: str | None) -> dict[str, Any]:
+    left = None if c.expires_at is None else round(c.expires_at - now, 1)
+    renew = (stale is None and left is not None and c.ttl is not None
+             and left < c.ttl * RENEW_AT)
+    return {"task": c.task, "owner": c.owner, "fence": c.fence, "phase": c.phase,
+            "expires_in": left, "ttl": c.ttl, "note": c.note, "stale": stale,
+            "renew_now": renew}
+
+
+def build(reg: Registry, owner: str | None, now: float) -> dict[str, Any]:
+    """The brief as data (``--json``); :func:`render` turns it into text."""
+    mine, others, stale = [], [], []
+    for c in reg.claims(include_expired=True):
+        why = reg.is_stale(c)
+        e = _entry(c, now, why)
+        if owner is not None and c.owner == owner:
+            mine.append(e)
+        elif why is not None:
+            stale.append(e)
+        else:
+            others.append(e)
+    me = owner or "YOU"
+    commands = {
+        "claim": f"fleetclaims claim TASK --owner {me} --ttl 10m",
+        "run": f"fleetclaims run TASK --owner {me} -- CMD ARGS...",
+        "renew": "fleetclaims renew TASK --token $FLEETCLAIMS_TOKEN",
+        "complete": "fleetclaims complete TASK --token $FLEETCLAIMS_TOKEN",
+        "release": "fleetclaims release TASK --token $FLEETCLAIMS_TOKEN",
+        "recover": f"fleetclaims recover TASK --owner {me} --reason '...'",
+        "explain": "fleetclaims explain TASK",
+    }
+    return {"registry": str(reg.location), "owner": owner, "generated_at": now,
+            "mine": mine, "held_by_others": others, "stale": stale, "commands": commands}
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The brief as text: a few lines an agent can read at the start of its turn."""
+    now = doc["generated_at"]
+    owner = doc["owner"]
+    lines = [f"fleetclaims brief ({doc['registry']})"]
+
+    def section(title: str, entries: list[dict[str, Any]], show_owner: bool) -> None:
+        if not entries:
+            return
+        lines.append("")
+        lines.append(title)
+        for e in entries[:SHOWN]:
+            who = f" {e['owner']}" if show_owner else ""
+            if e["stale"] is not None:
+                when = f"STALE: {e['stale']}"
+            elif e["expires_in"] is None:
+                when = "parked (no expiry)"
+            else:
+                when = "expires " + relative(now + e["expires_in"], now)
+                if e["renew_now"]:
+                    when += " - RENEW NOW"
+            note = f' "{e["note"]}"' if e["note"] else ""
+            lines.append(f"  {e['task']}{who} (fence {e['fence']}, {e['phase']}) {when}{note}")
+        if len(entries) > SHOWN:
+            lines.append(f"  ... and {len(entries) - SHOWN} more (fleetclaims list)")
+
+    if owner is not None:
+        mine = doc["mine"]
+        if mine:
+            ttls = sorted({e["ttl"] for e in mine if e["ttl"]})
+            every = f" (every {format_duration(ttls[0] * RENEW_AT)} or sooner)" if ttls else ""
+            section(f"You ({owner}) hold {len(mine)}; renew each before it expires{every}:",
+                    mine, show_owner=False)
+        else:
+            lines.append("")
+            lines.append(f"You ({owner}) hold nothing.")
+    section("Held by others - do not work on these:", doc["held_by_others"], show_owner=True)
+    section("Stale - may be taken over with recover:", doc["stale"], show_owner=True)
+    if not (doc["mine"] or doc["held_by_others"] or doc["stale"]):
+        lines.append("No live claims: every task is free.")
+    lines.append("")
+    lines.append("Commands:")
+    width = max(len(k) for k in doc["commands"])
+    for name, command in doc["commands"].items():
+        lines.append(f"  {name.ljust(width)}  {command}")
+    return "\n".join(lines)

@@ -1,0 +1,120 @@
+"""``fleetclaims guard``: is the claim this process works under still live and still ours?
+
+``fleetclaims run`` exports ``FLEETCLAIMS_TASK``, ``FLEETCLAIMS_TOKEN`` and ``FLEETCLAIMS_FENCE``
+to its command. A git hook calls the guard before a commit or a push, so work done after the
+lease was lost (recovered by someone else, handed off, preempted, expired) is refused instead of
+landing unfenced. The check only reads the registry: a hook must never change it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .core.errors import EXIT_NOT_HOLDER, EXIT_OK, EXIT_USAGE, FleetclaimsError
+
+if TYPE_CHECKING:
+    from .api import Registry
+
+
+@dataclass(frozen=True, slots=True)
+class GuardResult:
+    """The outcome of one check: ``ok``, or a refusal saying why and what to do next."""
+
+    ok: bool
+    task: str | None = None
+    fence: int | None = None
+    code: str = "ok"
+    reason: str = ""
+    next_action: str = ""
+    holder: str | None = None
+    exit_code: int = EXIT_OK
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "task": self.task, "fence": self.fence, "code": self.code,
+                "reason": self.reason, "next_action": self.next_action, "holder": self.holder}
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimEnv:
+    """The claim a ``fleetclaims run`` child works under, as read from its environment."""
+
+    task: str
+    token: str
+    fence: int
+
+
+def claim_env(env: Mapping[str, str]) -> ClaimEnv | GuardResult | None:
+    """The claim named by the environment; None outside a claimed run; a refusal when the
+    environment names a task but not its token or a valid fence (fail closed: a half-set
+    environment is a mistake, never a reason to let the work through)."""
+    task = env.get("FLEETCLAIMS_TASK", "")
+    if not task:
+        return None
+    token = env.get("FLEETCLAIMS_TOKEN", "")
+    fence_text = env.get("FLEETCLAIMS_FENCE", "")
+    missing = [n for n, v in (("FLEETCLAIMS_TOKEN", token), ("FLEETCLAIMS_FENCE", fence_text))
+               if not v]
+    if missing:
+        return GuardResult(
+            False, task, code="invalid", exit_code=EXIT_USAGE,
+            reason=f"FLEETCLAIMS_TASK is set but {' and '.join(missing)} is not",
+            next_action="Work under `fleetclaims run TASK --owner O -- CMD`, which exports all "
+            "three, or unset FLEETCLAIMS_TASK outside a claimed run.")
+    try:
+        fence = int(fence_text)
+    except ValueError:
+        fence = -1
+    if fence < 1:
+        return GuardResult(False, task, code="invalid", exit_code=EXIT_USAGE,
+                           reason=f"FLEETCLAIMS_FENCE is not a positive integer: {fence_text!r}",
+                           next_action="Export the fence printed by claim (or use fleetclaims "
+                           "run, which exports it).")
+    return ClaimEnv(task, token, fence)
+
+
+def check(reg: Registry, claim: ClaimEnv) -> GuardResult:
+    """Whether ``claim`` is the live, unexpired holding of its task, with the same fence, and
+    its owner process is not proven dead. Reads the registry; writes nothing."""
+    from .core import rules, validate
+    from .core.chain import token_hash
+
+    try:
+        th = token_hash(validate.token(claim.token))
+        state = reg.store.read()
+        # The same clock every decision of this registry uses (PostgreSQL: the server's), and
+        # the same holder test renew/complete apply, so the guard and the registry agree on
+        # why a holder lost its task.
+        now = reg._now()
+        current, refusal = rules.holder_check(state, validate.task(claim.task), th, now)
+    except FleetclaimsError as exc:
+        return _refused(claim, exc)
+    if current is None:
+        assert refusal.error is not None
+        return _refused(claim, refusal.error)
+    if current.fence != claim.fence:
+        return GuardResult(
+            False, claim.task, claim.fence, code="fence_mismatch", exit_code=EXIT_NOT_HOLDER,
+            holder=current.owner,
+            reason=f"the claim on {claim.task!r} now has fence {current.fence}, not "
+            f"{claim.fence}: the work was started under an earlier grant",
+            next_action="Stop and check `fleetclaims explain " + claim.task + "`; "
+            "redo the work under the current claim.")
+    stale = reg.is_stale(current)
+    if stale is not None:
+        return GuardResult(
+            False, claim.task, claim.fence, code="stale", exit_code=EXIT_NOT_HOLDER,
+            holder=current.owner,
+            reason=f"the claim on {claim.task!r} (fence {claim.fence}) is stale: {stale}",
+            next_action="Anyone may take it over now; renew it if you still run, or recover "
+            f"it: `fleetclaims recover {claim.task} --owner {current.owner} --reason ...`.")
+    return GuardResult(True, claim.task, claim.fence, holder=current.owner,
+                       reason=f"{current.owner} holds {claim.task!r} (fence {claim.fence})")
+
+
+def _refused(claim: ClaimEnv, exc: FleetclaimsError) -> GuardResult:
+    holder = getattr(exc, "holder", None)
+    return GuardResult(False, claim.task, claim.fence, code=exc.code, exit_code=exc.exit_code,
+                       reason=exc.message, holder=holder if isinstance(holder, str) else None,
+                       next_action=exc.hint or "Stop working on this task.")

@@ -1,0 +1,325 @@
+"""``fleetclaims mcp``: the registry as an MCP server over stdio, for AI coding agents.
+
+The owner is fixed when the server starts, so an agent cannot act as another by passing a
+name. The server keeps the tokens of the claims it made (claim, recover) and uses them when a
+tool is called without one: the agent never copies secrets around. The server process is the
+claims' owner process, so if it dies its claims become stale at once and can be recovered.
+
+Results are compact JSON. Errors come back as tool errors (``isError``) whose text is a JSON
+object with the typed error's ``error`` code, ``message``, ``holder`` where there is one, and
+``next_action`` phrased in terms of these tools.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
+
+from mcp.server.mcpserver import MCPServer
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import Field
+
+from . import brief
+from .core.errors import ClaimConflict, FleetclaimsError, NotHolder
+
+if TYPE_CHECKING:
+    from .api import Registry
+    from .core.model import Claim
+
+Task = Annotated[str, Field(max_length=200, description="The task id, e.g. 'issue-42'.")]
+Token = Annotated[str | None, Field(
+    description="The claim's token. Omit it: the server keeps the tokens of claims it made.")]
+Ttl = Annotated[float | None, Field(
+    ge=1, le=86400,
+    description="Lease length in seconds from now; omit to keep the claim's current one.")]
+LeaseTtl = Annotated[float, Field(
+    ge=1, le=86400,
+    description="Lease length in seconds; renew before it runs out (every ttl/3 is safe).")]
+
+READ = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+
+
+def _summary(c: Claim, now: float) -> dict[str, Any]:
+    """A claim in few members: what an agent needs to act, never the token."""
+    return {"task": c.task, "owner": c.owner, "fence": c.fence, "state": c.state,
+            "phase": c.phase,
+            "expires_in": None if c.expires_at is None else round(c.expires_at - now, 1),
+            "note": c.note}
+
+
+def _next_action(exc: FleetclaimsError) -> str:
+    """The error's advice in terms of this server's tools (the library's speaks of the CLI)."""
+    task = getattr(exc, "task", "TASK")
+    if isinstance(exc, ClaimConflict):
+        if exc.stale:
+            return f"The claim is stale ({exc.reason}): call recover with task={task!r} and a " \
+                   "reason to take it over."
+        return (f"Do not work on {task!r}: {exc.holder} holds it. Pick another task (call "
+                "brief or list), or call show later to see whether it was released.")
+    if exc.code == "completed":
+        return f"{task!r} is done; pick another task. Reopening it is for a human " \
+               f"(`fleetclaims reopen {task} --reason ...`)."
+    if isinstance(exc, NotHolder):
+        return (f"Stop working on {task!r} and do not commit that work; call show or explain to "
+                "see who holds it, and claim it again only if it is free.")
+    if exc.code == "invalid":
+        return "Fix the argument and call the tool again; nothing was written."
+    if exc.code in ("busy", "unavailable"):
+        return "Retry in a few seconds."
+    return exc.hint or "Tell a human; `fleetclaims doctor` inspects the registry."
+
+
+def _ok(data: Any) -> CallToolResult:
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    structured = data if isinstance(data, dict) else {"result": data}
+    return CallToolResult(content=[TextContent(type="text", text=text)],
+                          structured_content=structured)
+
+
+def _error(exc: FleetclaimsError) -> CallToolResult:
+    doc = exc.to_dict()
+    doc["message"] = exc.message  # the CLI hint lives in next_action instead
+    doc.setdefault("holder", None)
+    doc["next_action"] = _next_action(exc)
+    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+class ClaimsServer:
+    """The tools, bound to one registry and one owner; the tokens of claims made here."""
+
+    def __init__(self, registry: Registry, owner: str) -> None:
+        from .core import validate
+
+        self.registry = registry
+        self.owner = validate.owner(owner)
+        self.tokens: dict[str, str] = {}
+        # Tools run in worker threads; one registry operation at a time keeps the handle and
+        # the token table consistent (each operation takes well under a millisecond).
+        self._lock = threading.Lock()
+
+    def call(self, op: Callable[[], Any]) -> CallToolResult:
+        with self._lock:
+            try:
+                return _ok(op())
+            except FleetclaimsError as exc:
+                return _error(exc)
+            except OSError as exc:  # the registry's files; the SDK would hide the reason
+                text = json.dumps({"error": "error", "message": str(exc), "holder": None,
+                                   "next_action": "Check the registry path and permissions "
+                                   "(--dir), then retry."})
+                return CallToolResult(content=[TextContent(type="text", text=text)],
+                                      is_error=True)
+
+    def token_for(self, task: str, token: str | None) -> str:
+        if token:
+            return token
+        held = self.tokens.get(task)
+        if held is None:
+            raise NotHolder(task, f"this server ({self.owner}) holds no token for it",
+                            hint="Claim it first, or pass the token explicitly.")
+        return held
+
+    def forget_if_lost(self, task: str, op: Callable[[], Any]) -> Any:
+        """Run ``op``; drop the kept token when the registry says it no longer holds."""
+        try:
+            return op()
+        except NotHolder:
+            self.tokens.pop(task, None)
+            raise
+
+    def granted(self, c: Claim) -> dict[str, Any]:
+        if c.token:
+            self.tokens[c.task] = c.token
+        return {**_summary(c, time.time()), "token_held_by_server": True}
+
+    # --- tools ---------------------------------------------------------------------------
+
+    def claim(self, task: Task,
+              ttl: LeaseTtl = 600,
+              note: Annotated[str | None, Field(description="What you are doing, for "
+                                                "others to read.")] = None,
+              priority: Annotated[int, Field(description="Lower wins duplicates and "
+                                             "preemption.")] = 100,
+              take_stale: Annotated[bool, Field(description="Take the task over if its claim "
+                                                "is stale (expired or owner dead).")] = False,
+              ) -> CallToolResult:
+        # With the token this server already holds for the task, a repeated claim (an agent
+        # retrying after a lost reply) is idempotent instead of a conflict with itself.
+        return self.call(lambda: self.granted(self.registry.claim(
+            task, owner=self.owner, ttl=ttl, note=note, priority=priority,
+            take_stale=take_stale, token=self.tokens.get(task))))
+
+    def renew(self, task: Task, ttl: Ttl = None, token: Token = None) -> CallToolResult:
+        def op() -> dict[str, Any]:
+            tok = self.token_for(task, token)
+            c = self.forget_if_lost(task, lambda: self.registry.renew(task, token=tok, ttl=ttl))
+            self.tokens[task] = tok  # an explicitly passed token is kept from now on
+            return _summary(c, time.time())
+
+        return self.call(op)
+
+    def release(self, task: Task, token: Token = None) -> CallToolResult:
+        def op() -> dict[str, Any]:
+            tok = self.token_for(task, token)
+            done = self.forget_if_lost(task, lambda: self.registry.release(task, token=tok))
+            self.tokens.pop(task, None)
+            return {"task": task, "released": done}
+
+        return self.call(op)
+
+    def complete(self, task: Task,
+                 result: Annotated[Any, Field(description="Any JSON recorded with the "
+                                              "completion, e.g. {\"pr\": 17}.")] = None,
+                 token: Token = None) -> CallToolResult:
+        def op() -> dict[str, Any]:
+            tok = self.token_for(task, token)
+            c = self.forget_if_lost(task, lambda: self.registry.complete(task, token=tok,
+                                                                         result=result))
+            self.tokens.pop(task, None)
+            return _summary(c, time.time())
+
+        return self.call(op)
+
+    def recover(self, task: Task,
+                reason: Annotated[str, Field(description="Why you take it over, for the "
+                                             "audit log.")],
+                ttl: LeaseTtl = 600,
+                note: Annotated[str | None, Field(description="What you will do.")] = None,
+                ) -> CallToolResult:
+        return self.call(lambda: self.granted(self.registry.recover(
+            task, owner=self.owner, reason=reason, ttl=ttl, note=note)))
+
+    def handoff(self, task: Task,
+                to_owner: Annotated[str, Field(description="Who receives the claim.")],
+                note: Annotated[str | None, Field(description="What they need to know.")] = None,
+                ttl: Ttl = None, token: Token = None) -> CallToolResult:
+        def op() -> dict[str, Any]:
+            tok = self.token_for(task, token)
+            c = self.forget_if_lost(task, lambda: self.registry.handoff(
+                task, token=tok, to_owner=to_owner, note=note, ttl=ttl))
+            self.tokens.pop(task, None)
+            # The new token belongs to the receiver: it is returned once, to be passed on.
+            return {**_summary(c, time.time()), "token_for_receiver": c.token}
+
+        return self.call(op)
+
+    def show(self, task: Task) -> CallToolResult:
+        def op() -> dict[str, Any]:
+            c = self.registry.get(task)
+            if c is None:
+                return {"task": task, "claim": None, "free": True}
+            stale = self.registry.is_stale(c) if c.live else None
+            return {**_summary(c, time.time()), "stale": stale,
+                    "free": c.state == "released",
+                    "yours": c.live and c.owner == self.owner and task in self.tokens}
+
+        return self.call(op)
+
+    def list_claims(self,
+             owner: Annotated[str | None, Field(description="Only this owner's claims.")] = None,
+             include_finished: Annotated[bool, Field(description="Also completed and released "
+                                                     "ones.")] = False) -> CallToolResult:
+        def op() -> dict[str, Any]:
+            now = time.time()
+            claims = self.registry.claims(owner=owner, include_expired=True,
+                                          include_completed=include_finished,
+                                          include_released=include_finished)
+            return {"claims": [{**_summary(c, now),
+                                "stale": self.registry.is_stale(c) if c.live else None}
+                               for c in claims]}
+
+        return self.call(op)
+
+    def events(self,
+               after: Annotated[int, Field(ge=0, description="Cursor: the last seq already "
+                                           "seen (0 for the start); pass next_cursor back.")] = 0,
+               limit: Annotated[int, Field(ge=1, le=1000, description="At most this many "
+                                           "events.")] = 50,
+               task: Annotated[str | None, Field(description="Only this task's events.")] = None,
+               types: Annotated[list[str] | None, Field(description="Only these event types, "
+                                                        "e.g. ['claim_created'].")] = None,
+               ) -> CallToolResult:
+        def op() -> dict[str, Any]:
+            page = self.registry.events(after=after, limit=limit, types=types, task=task)
+            return {"events": [e.data for e in page.events], "next_cursor": page.next_cursor,
+                    "more": page.more}
+
+        return self.call(op)
+
+    def explain(self, task: Task) -> CallToolResult:
+        return self.call(lambda: self.registry.explain(task).to_dict())
+
+    def sweep(self, dry_run: Annotated[bool, Field(description="Only report what is "
+                                                   "stale.")] = False) -> CallToolResult:
+        def op() -> dict[str, Any]:
+            report = self.registry.sweep(dry_run=dry_run, actor=self.owner)
+            return {"dry_run": dry_run, "found": [
+                {"task": i.task, "owner": i.owner, "fence": i.fence, "reason": i.reason}
+                for i in report.found]}
+
+        return self.call(op)
+
+    def brief(self) -> CallToolResult:
+        def op() -> dict[str, Any]:
+            doc = brief.build(self.registry, self.owner, time.time())
+            return {"text": brief.render(doc), "brief": doc}
+
+        return self.call(op)
+
+
+TOOLS: dict[str, tuple[str, ToolAnnotations]] = {
+    "claim": ("Claim a task for this server's owner under a lease of `ttl` seconds. Fails "
+              "with a conflict naming the holder if anyone holds it. The server keeps the "
+              "token; renew before the lease ends, then complete or release.", WRITE),
+    "renew": ("Extend your lease on a task you claimed (heartbeat), by `ttl` seconds or the "
+              "claim's own ttl. Fails with lease_expired/not_holder if you lost it: then stop "
+              "working on it.", WRITE),
+    "release": ("Give up a task you hold without finishing it; others may claim it.", WRITE),
+    "complete": ("Mark a task you hold as done, with an optional JSON `result`. Refused if "
+                 "your lease ran out.", WRITE),
+    "recover": ("Take over a stale claim (lease expired or owner process dead), recording "
+                "`reason`. Refused while the holder is live.", WRITE),
+    "handoff": ("Hand a task you hold to `to_owner`: a new fence and token; the result "
+                "carries the new token once, to pass to the receiver.", WRITE),
+    "show": ("One task's claim: owner, fence, state, phase, seconds until expiry, whether it "
+             "is stale, free, or yours.", READ),
+    "list": ("Live claims (and stale ones), sorted by task; `include_finished` adds completed "
+             "and released ones.", READ),
+    "events": ("A page of the audit log, oldest first, after the cursor `after`; pass "
+               "`next_cursor` back to continue while `more` is true.", READ),
+    "explain": ("Who holds a task and why, from the audit log: each grant, conflict, "
+                "take-over and hand-off.", READ),
+    "sweep": ("Mark expired leases and claims of dead owners as stale (recorded as "
+              "lease_expired); `dry_run` only reports.", WRITE),
+    "brief": ("A short current picture: what you hold and must renew, what others hold, what "
+              "is stale, and the commands to use. Call it at the start of a session.", READ),
+}
+
+
+def build(registry: Registry, owner: str) -> tuple[MCPServer[Any], ClaimsServer]:
+    """The MCP server for ``registry`` acting as ``owner``, and its tool object."""
+    tools = ClaimsServer(registry, owner)
+    server: MCPServer[Any] = MCPServer(
+        name="fleetclaims", version="0.1.0", log_level="WARNING",
+        instructions=(
+            f"fleetclaims coordinates agents sharing one repository. You act as "
+            f"{tools.owner!r}. Before working on a task, claim it; if the claim conflicts, "
+            "someone else owns it: pick another. Renew well before the lease expires; complete "
+            "when done or release if you stop. If renew fails, stop that work at once. Call "
+            "brief for the current picture."))
+    for name, (description, hints) in TOOLS.items():
+        method = getattr(tools, "list_claims" if name == "list" else name)
+        server.add_tool(method, name=name, description=description, annotations=hints,
+                        structured_output=False)
+    return server, tools
+
+
+def serve(registry: Registry, owner: str) -> None:
+    """Serve over stdio until the client closes the connection."""
+    server, _ = build(registry, owner)
+    server.run("stdio")

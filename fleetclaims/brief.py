@@ -40,7 +40,10 @@ def build(reg: Registry, owner: str | None, now: float) -> dict[str, Any]:
         else:
             others.append(e)
     me = owner or "YOU"
+    ready = [{"task": t.task, "priority": t.priority, "labels": list(t.labels)}
+             for t in reg.ready()]
     commands = {
+        "next": f"fleetclaims next --owner {me} --ttl 10m   # the best ready task of the queue",
         "claim": f"fleetclaims claim TASK --owner {me} --ttl 10m",
         "run": f"fleetclaims run TASK --owner {me} -- CMD ARGS...",
         "renew": "fleetclaims renew TASK --token $FLEETCLAIMS_TOKEN",
@@ -50,7 +53,8 @@ def build(reg: Registry, owner: str | None, now: float) -> dict[str, Any]:
         "explain": "fleetclaims explain TASK",
     }
     return {"registry": str(reg.location), "owner": owner, "generated_at": now,
-            "mine": mine, "held_by_others": others, "stale": stale, "commands": commands}
+            "mine": mine, "held_by_others": others, "stale": stale, "ready": ready,
+            "queue": reg.stats().queue, "commands": commands}
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -72,7 +76,7 @@ def render(doc: dict[str, Any]) -> str:
                 when = "parked (no expiry)"
             else:
                 when = "expires " + relative(now + e["expires_in"], now)
-                if e["renew_now"]:
+                if e["renew_now"] and not show_owner:  # only your own to renew
                     when += " - RENEW NOW"
             note = f' "{e["note"]}"' if e["note"] else ""
             lines.append(f"  {e['task']}{who} (fence {e['fence']}, {e['phase']}) {when}{note}")
@@ -93,6 +97,15 @@ def render(doc: dict[str, Any]) -> str:
     section("Stale - may be taken over with recover:", doc["stale"], show_owner=True)
     if not (doc["mine"] or doc["held_by_others"] or doc["stale"]):
         lines.append("No live claims: every task is free.")
+    if doc["queue"]:
+        counts = ", ".join(f"{n} {k}" for k, n in doc["queue"].items() if n)
+        lines.append("")
+        lines.append(f"Work queue ({counts}); take the next with `fleetclaims next`:")
+        for t in doc["ready"][:SHOWN]:
+            labels = f" [{', '.join(t['labels'])}]" if t["labels"] else ""
+            lines.append(f"  {t['task']} (priority {t['priority']}){labels}")
+        if len(doc["ready"]) > SHOWN:
+            lines.append(f"  ... and {len(doc['ready']) - SHOWN} more ready (fleetclaims ready)")
     lines.append("")
     lines.append("Commands:")
     width = max(len(k) for k in doc["commands"])

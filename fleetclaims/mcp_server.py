@@ -154,6 +154,35 @@ class ClaimsServer:
             task, owner=self.owner, ttl=ttl, note=note, priority=priority,
             take_stale=take_stale, token=self.tokens.get(task))))
 
+    def next(self,
+             ttl: LeaseTtl = 600,
+             labels: Annotated[list[str] | None, Field(description="Only tasks carrying every "
+                                                       "one of these labels.")] = None,
+             take_stale: Annotated[bool, Field(description="A queued task whose claim is "
+                                               "stale counts as ready.")] = False,
+             ) -> CallToolResult:
+        def op() -> dict[str, Any]:
+            c = self.registry.claim_next(owner=self.owner, labels=labels, ttl=ttl,
+                                         take_stale=take_stale)
+            if c is None:
+                return {"task": None, "claimed": False, "queue": self.registry.stats().queue,
+                        "next_action": "Nothing is ready: wait and call next again, or see "
+                        "the ready tool."}
+            return {**self.granted(c), "claimed": True}
+
+        return self.call(op)
+
+    def ready(self, labels: Annotated[list[str] | None, Field(
+            description="Only tasks carrying every one of these labels.")] = None,
+              ) -> CallToolResult:
+        def op() -> dict[str, Any]:
+            tasks = self.registry.ready(labels=labels)
+            return {"ready": [{"task": t.task, "priority": t.priority, "labels": list(t.labels),
+                               "note": t.note} for t in tasks[:50]],
+                    "count": len(tasks), "queue": self.registry.stats().queue}
+
+        return self.call(op)
+
     def renew(self, task: Task, ttl: Ttl = None, token: Token = None) -> CallToolResult:
         def op() -> dict[str, Any]:
             tok = self.token_for(task, token)
@@ -276,6 +305,12 @@ TOOLS: dict[str, tuple[str, ToolAnnotations]] = {
     "claim": ("Claim a task for this server's owner under a lease of `ttl` seconds. Fails "
               "with a conflict naming the holder if anyone holds it. The server keeps the "
               "token; renew before the lease ends, then complete or release.", WRITE),
+    "next": ("Claim the best ready task of the work queue (lowest priority number, then "
+             "oldest) for this server's owner, atomically: two agents never get the same "
+             "one. Returns the task (the server keeps the token) or task=null when nothing "
+             "is ready.", WRITE),
+    "ready": ("The queued tasks that can be taken now, best first (at most 50), and the "
+              "queue's counts by readiness.", READ),
     "renew": ("Extend your lease on a task you claimed (heartbeat), by `ttl` seconds or the "
               "claim's own ttl. Fails with lease_expired/not_holder if you lost it: then stop "
               "working on it.", WRITE),

@@ -17,7 +17,7 @@ from mcp.types import CallToolResult, TextContent
 from fleetclaims import Registry
 
 TOOLS = {"claim", "renew", "release", "complete", "recover", "handoff", "show", "list",
-         "events", "explain", "sweep", "brief"}
+         "events", "explain", "sweep", "brief", "next", "ready"}
 
 
 @asynccontextmanager
@@ -192,5 +192,35 @@ def test_readme_client_configuration_works(tmp_path: Path) -> None:
                 await session.initialize()
                 got = await call(session, "claim", task="from-readme")
                 assert got["owner"] == args[args.index("--owner") + 1]
+
+    anyio.run(scenario)
+
+
+def test_two_agents_share_the_work_queue(tmp_path: Path) -> None:
+    """`next` hands each agent a different ready task, never one waiting for another; the
+    token stays with the server that claimed, so `complete` needs no token."""
+    reg_dir = tmp_path / "reg"
+    reg = Registry(reg_dir)
+    reg.add("base", priority=1)
+    reg.add("other", priority=2, labels=["docs"])
+    reg.add("top", depends_on=["base"])
+    reg.close()
+
+    async def scenario() -> None:
+        async with server(reg_dir, "agent-a") as a, server(reg_dir, "agent-b") as b:
+            ready = await call(a, "ready")
+            assert [t["task"] for t in ready["ready"]] == ["base", "other"]
+            assert ready["queue"]["pending"] == 1
+            got_a = await call(a, "next", ttl=60)
+            got_b = await call(b, "next", ttl=60)
+            assert (got_a["task"], got_b["task"]) == ("base", "other")
+            assert "token" not in got_a and got_a["claimed"] is True
+            none = await call(b, "next")
+            assert none["task"] is None and none["queue"]["pending"] == 1
+            await call(a, "complete", task="base")
+            top = await call(b, "next", ttl=60)
+            assert top["task"] == "top" and top["owner"] == "agent-b"
+            brief = await call(b, "brief")
+            assert "Work queue" in brief["text"] and brief["brief"]["queue"]["held"] == 2
 
     anyio.run(scenario)

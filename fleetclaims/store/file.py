@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -209,7 +208,7 @@ class FileStore:
             state = self._catch_up(writer=True)
             self._others_wrote = self._offset != seen
             if state.seq == 0:  # an empty journal (a crash right after creating it)
-                self._append([{"type": ev.REGISTRY_CREATED, "origin": secrets.token_hex(8),
+                self._append([{"type": ev.REGISTRY_CREATED, "origin": os.urandom(8).hex(),
                                "actor": "fleetclaims"}], self.clock.now().wall)
             now = self.clock.now()
             decision = decide(state, now)
@@ -637,7 +636,7 @@ class FileStore:
         assert self._state is not None
         data = encode_snapshot(self._state, self._offset)
         seq = self._state.seq
-        tmp = self.directory / f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        tmp = self.directory / f"{TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
         try:
             fd = fsutil.open_file(tmp, os.O_WRONLY | os.O_EXCL, create=True)
             try:

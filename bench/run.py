@@ -159,6 +159,11 @@ def pct(sorted_vals: list[float], q: float) -> float:
 def run_cycles(system: str, path: str, durability: str, procs: int, duration: float,
                shared: bool = False) -> dict[str, Any]:
     """One trial: ``procs`` processes cycle claim+release for ``duration`` seconds."""
+    if system == SQ:
+        # Create the database (WAL mode, schema) once, before the workers: four connections
+        # switching a new file to WAL at once can fail with "database is locked" (SQLite's busy
+        # handler does not cover that switch), which killed a worker before the start barrier.
+        SqliteRegistry(os.path.join(path, "claims.db"), synchronous=SQLITE_SYNC[durability]).close()
     os.sync()  # start from a clean page cache: earlier writes must not bill this trial's fsyncs
     ctx = mp.get_context("fork")
     all_tasks = [f"task-{k}" for k in range(N_TASKS)]

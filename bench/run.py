@@ -114,7 +114,7 @@ def _worker(system: str, path: str, durability: str, tasks: list[str], duration:
             tasks = [rng.choice(tasks) for _ in range(4096)]
             n = len(tasks)
         perf = time.perf_counter
-        barrier.wait()
+        barrier.wait(timeout=120)
         size0 = journal_size(system, path)
         t_start = perf()
         deadline = t_start + duration
@@ -141,8 +141,12 @@ def _worker(system: str, path: str, durability: str, tasks: list[str], duration:
         size1 = journal_size(system, path)
         close()
         queue.put((wid, t_start, t_end, lat.tobytes(), conflicts, size0, size1, None))
-    except BaseException as exc:  # report, never hang the parent
-        queue.put((wid, 0.0, 0.0, b"", 0, 0, 0, repr(exc)))
+    except BaseException:  # report, never hang the parent
+        import traceback
+
+        # Free the others from the barrier, or they (and the parent) wait forever.
+        barrier.abort()
+        queue.put((wid, 0.0, 0.0, b"", 0, 0, 0, traceback.format_exc()))
 
 
 def pct(sorted_vals: list[float], q: float) -> float:
@@ -155,6 +159,11 @@ def pct(sorted_vals: list[float], q: float) -> float:
 def run_cycles(system: str, path: str, durability: str, procs: int, duration: float,
                shared: bool = False) -> dict[str, Any]:
     """One trial: ``procs`` processes cycle claim+release for ``duration`` seconds."""
+    if system == SQ:
+        # Create the database (WAL mode, schema) once, before the workers: four connections
+        # switching a new file to WAL at once can fail with "database is locked" (SQLite's busy
+        # handler does not cover that switch), which killed a worker before the start barrier.
+        SqliteRegistry(os.path.join(path, "claims.db"), synchronous=SQLITE_SYNC[durability]).close()
     os.sync()  # start from a clean page cache: earlier writes must not bill this trial's fsyncs
     ctx = mp.get_context("fork")
     all_tasks = [f"task-{k}" for k in range(N_TASKS)]
@@ -172,7 +181,8 @@ def run_cycles(system: str, path: str, durability: str, procs: int, duration: fl
     results = [queue.get(timeout=duration + 120) for _ in workers]
     for p in workers:
         p.join(timeout=30)
-    errors = [r[7] for r in results if r[7]]
+    # The real failure first, before the others' BrokenBarrierError it caused.
+    errors = sorted((r[7] for r in results if r[7]), key=lambda e: "BrokenBarrierError" in e)
     if errors:
         raise RuntimeError(f"{system} worker failed: {errors[0]}")
     lat: list[float] = []

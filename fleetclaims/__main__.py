@@ -1,7 +1,5 @@
 """``python -m fleetclaims`` runs the command line."""
 
-import sys
+from .console import run
 
-from .cli import main
-
-sys.exit(main())
+run()

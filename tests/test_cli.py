@@ -358,3 +358,26 @@ def test_list_marks_claims_of_dead_owners(tmp_path: Path,
     code, out, _ = run_cli(["list", "--dir", d], capsys)
     rows = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert code == 0 and "STALE: owner dead" in rows["t1"] and "STALE" not in rows["t2"]
+
+
+def test_console_exit_flushes_everything_and_keeps_exit_codes(tmp_path: Path) -> None:
+    """`python -m fleetclaims` (like the console script) skips interpreter teardown: a large
+    --json document still arrives whole through a pipe, errors still reach stderr with their
+    exit code, and atexit handlers (logging's flush, a file's close) still run."""
+    reg = Registry(tmp_path / "r", durability="process")
+    for i in range(3000):
+        reg.claim(f"task-{i}", owner="a", ttl=600, process=False)
+    reg.close()
+    proc = cli(tmp_path / "r", "list", "--json")
+    assert proc.returncode == 0 and len(json.loads(proc.stdout)) == 3000
+    proc = cli(tmp_path / "r", "claim", "task-7", "--owner", "b")
+    assert proc.returncode == 3 and "task-7" in proc.stderr and "held by" in proc.stderr
+    code = ("import atexit, sys; from fleetclaims import console; f = open(sys.argv[1], 'w'); "
+            "f.write('buffered'); atexit.register(f.close); "
+            "sys.argv[1:] = ['stats']; console.run()")
+    note = tmp_path / "log.txt"
+    proc = subprocess.run([sys.executable, "-c", code, str(note)], capture_output=True,
+                          text=True, env={**os.environ, "FLEETCLAIMS_DIR": str(tmp_path / "r")},
+                          timeout=60, check=False)
+    assert proc.returncode == 0 and "active 3000" in proc.stdout
+    assert note.read_text() == "buffered"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 import time
 from pathlib import Path
@@ -110,18 +109,26 @@ def fsync_dir(path: Path) -> None:
 
 
 def read_all(fd: int) -> bytes:
+    # One read of the whole size first: joining 1 MiB chunks copies a large snapshot once more
+    # (~3 ms of a cold command at 10,000 claims). The loop covers a file that grew meanwhile.
+    try:
+        size = os.fstat(fd).st_size
+    except OSError:
+        size = 0
     chunks: list[bytes] = []
+    want = max(size + 1, 1 << 16)
     while True:
-        chunk = os.read(fd, 1 << 20)
+        chunk = os.read(fd, want)
         if not chunk:
-            return b"".join(chunks)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         chunks.append(chunk)
+        want = 1 << 20
 
 
 def quarantine_name(name: str, reason: str) -> str:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     slug = "".join(c if c.isalnum() else "-" for c in reason.lower())[:40].strip("-")
-    return f"{stamp}-{os.getpid()}-{secrets.token_hex(3)}-{name}-{slug}"
+    return f"{stamp}-{os.getpid()}-{os.urandom(3).hex()}-{name}-{slug}"
 
 
 def _quarantine_dir(directory: Path) -> Path:

@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -93,9 +93,10 @@ class RegistryLock:
     def release(self) -> None:
         _unlock(self.fd)
 
-    def acquire(self) -> None:
+    def acquire(self, idle: Callable[[], bool] | None = None) -> None:
+        """Take the lock; while contended, call ``idle()`` between tries (see ``_wait``)."""
         if not _try_lock(self.fd):
-            self._wait()
+            self._wait(idle)
 
     def generation(self) -> int:
         """The journal generation: bumped (under the lock) whenever the journal is replaced or
@@ -110,11 +111,17 @@ class RegistryLock:
         os.pwrite(self.fd, str(self.generation() + 1).encode().ljust(GEN_SIZE - 1) + b"\n",
                   GEN_OFFSET)
 
-    def _wait(self) -> None:
+    def _wait(self, idle: Callable[[], bool] | None = None) -> None:
         # A short spin first: the holder's critical section is tens of microseconds, and
         # yielding the CPU to it is quicker than sleeping in the kernel and being woken late.
+        # ``idle`` is work the waiter owes anyway (the file store applies the lines others
+        # appended meanwhile); it returns False when there was none, and only then do we yield.
+        # Measured (bench/run.py, durability="process", 4 processes, 2 CPUs): yielding alone
+        # left the holder ~10,500 ops/s, as the critical section then applied every line
+        # written while its owner waited; working while waiting gives ~19,000.
         for _ in range(SPIN):
-            os.sched_yield()
+            if idle is None or not idle():
+                os.sched_yield()
             if _try_lock(self.fd):
                 return
         if (

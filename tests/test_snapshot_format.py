@@ -1,0 +1,195 @@
+"""The snapshot's format 2 (packed claim entries, an identity table) holds exactly what format 1
+held, and registries whose snapshot an earlier version wrote in format 1 still load."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from fc_support import journal_lines, replay
+
+from fleetclaims import Registry
+from fleetclaims.cli import main
+from fleetclaims.core.model import State
+from fleetclaims.store.journal import (
+    SnapshotClaims,
+    SnapshotError,
+    decode_snapshot,
+    encode_snapshot,
+)
+from fleetclaims.testing import FakeClock, FakeProber
+
+
+def encode_format_1(state: State, offset: int) -> bytes:
+    """The snapshot exactly as the previous version wrote it (format 1)."""
+    body = orjson.dumps({"format": 1, "seq": state.seq, "offset": offset, "head": state.head,
+                         "origin": state.origin, "fence": state.fence,
+                         "claims": dict(state.claims.raw_items())})
+    digest = hashlib.sha256(body).hexdigest()
+    return body[:-1] + b',"checksum":"' + digest.encode() + b'"}\n'
+
+
+def varied_registry(path: Path) -> tuple[Registry, FakeClock, FakeProber]:
+    """Claims in every shape a record takes: other processes, no process, parked, renewed,
+    another phase and priority, released (retired grants), completed with a result, metadata,
+    a hand-off, an expiry mark."""
+    clock, prober = FakeClock(), FakeProber()
+    reg = Registry(path, clock=clock, prober=prober)
+    for i in range(6):
+        prober.as_pid(1000 + i % 3, start=7 + i % 3)
+        reg.claim(f"plain-{i}", owner=f"agent-{i % 2}", ttl=600)
+    reg.claim("no-process", owner="cli", ttl=60, process=False, note="from a shell")
+    c = reg.claim("renewed", owner="a", ttl=30, priority=5, metadata={"k": [1, 2.5, None]})
+    clock.advance(3)
+    reg.renew("renewed", token=c.token, ttl=90)
+    c = reg.claim("parked", owner="a")
+    reg.transition("parked", token=c.token, phase="review")
+    c = reg.claim("released", owner="a")
+    reg.release("released", token=c.token)
+    reg.release("released", token=reg.claim("released", owner="b").token)
+    c = reg.claim("done", owner="b")
+    reg.complete("done", token=c.token, result={"pr": 17})
+    c = reg.claim("handed", owner="a")
+    reg.handoff("handed", token=c.token, to_owner="b", note="yours")
+    reg.claim("expiring", owner="c", ttl=1)
+    clock.advance(5)
+    reg.sweep()
+    return reg, clock, prober
+
+
+def materialized(state: State) -> dict[str, dict[str, Any]]:
+    return {c.task: c.to_dict() for c in state.claims.values()}
+
+
+def test_packed_snapshot_holds_exactly_what_the_journal_says(tmp_path: Path) -> None:
+    reg, _, _ = varied_registry(tmp_path / "r")
+    reg.store.checkpoint()
+    data = (tmp_path / "r" / "claims.json").read_bytes()
+    snap = decode_snapshot(data)
+    assert orjson.loads(data)["format"] == 2
+    lines, _ = journal_lines(tmp_path / "r")
+    expected = replay(lines)
+    # Raw (unconverted) entries read back as the persisted dicts of the claims...
+    assert dict(snap.state.claims.raw_items()) == {
+        c.task: c.to_dict(compact=True) for c in expected.claims.values()}
+    # ...and as equal claims.
+    assert materialized(snap.state) == materialized(expected)
+    assert (snap.state.seq, snap.state.fence, snap.state.head) == (
+        expected.seq, expected.fence, expected.head)
+    # Three owner processes made the process-bound claims: three identities, not one a claim.
+    assert len(orjson.loads(data)["identities"]) == 3
+
+
+def test_checkpoint_of_a_loaded_snapshot_rewrites_it_identically(tmp_path: Path) -> None:
+    """Untouched entries are written back as read, touched ones packed again: the same."""
+    reg, _, _ = varied_registry(tmp_path / "r")
+    reg.store.checkpoint()
+    data = (tmp_path / "r" / "claims.json").read_bytes()
+    snap = decode_snapshot(data)
+    assert encode_snapshot(snap.state, snap.offset) == data
+    snap.state.claims.get("renewed")  # converted to a Claim: packed again from it
+    # (The converted entry moves to the end of the claims object, hence the parse.)
+    assert orjson.loads(encode_snapshot(snap.state, snap.offset)) == orjson.loads(data) | {
+        "checksum": orjson.loads(encode_snapshot(snap.state, snap.offset))["checksum"]}
+
+
+def test_unused_identities_are_dropped(tmp_path: Path) -> None:
+    clock, prober = FakeClock(), FakeProber()
+    reg = Registry(tmp_path / "r", clock=clock, prober=prober)
+    tokens = {}
+    for pid in (10, 11, 12):
+        prober.as_pid(pid)
+        tokens[pid] = reg.claim(f"t{pid}", owner="a").token
+    reg.store.checkpoint()
+    assert len(orjson.loads((tmp_path / "r" / "claims.json").read_bytes())["identities"]) == 3
+    reg.close()
+    # A fresh process loads the packed table and takes t11 over as pid 13.
+    reg2 = Registry(tmp_path / "r", clock=clock, prober=prober.as_pid(13))
+    reg2.release("t11", token=tokens[11])
+    reg2.claim("t11", owner="b")
+    reg2.store.checkpoint()
+    data = (tmp_path / "r" / "claims.json").read_bytes()
+    pids = sorted(i["pid"] for i in orjson.loads(data)["identities"])
+    assert pids == [10, 12, 13]
+    state = decode_snapshot(data).state
+    assert {t: state.claims.get(t).identity.pid for t in ("t10", "t11", "t12")} == {  # type: ignore[union-attr]
+        "t10": 10, "t11": 13, "t12": 12}
+
+
+def test_format_1_snapshot_of_an_earlier_version_still_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An existing user's registry: its snapshot in format 1 loads with the same claims and the
+    same `list --json`, passes `audit verify`, and the next checkpoint writes format 2."""
+    reg, clock, prober = varied_registry(tmp_path / "r")
+    reg.store.checkpoint()
+    state = reg.store.read()
+    offset = reg.store._offset
+    reg.close()
+    snap_path = tmp_path / "r" / "claims.json"
+    packed = snap_path.read_bytes()
+    assert main(["list", "--all", "--json", "--dir", str(tmp_path / "r")]) == 0
+    listed_packed = json.loads(capsys.readouterr().out)
+
+    old = encode_format_1(decode_snapshot(packed).state, offset)
+    snap_path.write_bytes(old)
+    os.chmod(snap_path, 0o600)
+    loaded = Registry(tmp_path / "r", clock=clock, prober=prober)
+    assert materialized(loaded.store.read()) == materialized(state)
+    assert loaded.verify().ok and loaded.verify().anchor_ok
+    loaded.close()
+    assert main(["list", "--all", "--json", "--dir", str(tmp_path / "r")]) == 0
+    listed_old = json.loads(capsys.readouterr().out)
+    for doc in listed_old + listed_packed:
+        doc.pop("expires_in")  # relative to the moment of listing
+    assert listed_old == listed_packed and len(listed_old) == len(state.claims)
+    assert not list((tmp_path / "r").glob("quarantine/*"))  # read, not treated as damage
+
+    again = Registry(tmp_path / "r", clock=clock, prober=prober)
+    again.store.checkpoint()
+    rewritten = orjson.loads(snap_path.read_bytes())
+    assert rewritten["format"] == 2  # format 2 again, with the packed original's content
+    assert {k: v for k, v in rewritten.items() if k != "checksum"} == {
+        k: v for k, v in orjson.loads(packed).items() if k != "checksum"}
+
+
+def test_committed_example_is_format_1_and_reads() -> None:
+    """.cache-example/ was written by the format-1 version: a fixture for the old reader."""
+    root = Path(__file__).resolve().parent.parent / ".cache-example"
+    data = (root / "claims.json").read_bytes()
+    assert orjson.loads(data)["format"] == 1
+    snap = decode_snapshot(data)
+    lines, _ = journal_lines(root)
+    assert materialized(snap.state) == materialized(replay(lines[: snap.state.seq]))
+
+
+@pytest.mark.parametrize("claims, identities", [
+    ({"t": {"task": "t", "owner": "a", "fence": 1}}, []),  # a format-1 entry in format 2
+    ({"t": {"owner": "a", "fence": 1}}, {"not": "a list"}),
+    ({"t": {"owner": "a", "fence": 1}}, [1, 2]),
+    ({"t": ["not", "an", "object"]}, []),
+])
+def test_malformed_packed_snapshots_are_refused(claims: dict[str, Any], identities: Any) -> None:
+    body = orjson.dumps({"format": 2, "seq": 0, "offset": 0, "head": "0" * 64, "origin": "",
+                         "fence": 0, "identities": identities, "claims": claims})
+    digest = hashlib.sha256(body).hexdigest().encode()
+    with pytest.raises(SnapshotError):
+        decode_snapshot(body[:-1] + b',"checksum":"' + digest + b'"}\n')
+
+
+def test_identity_number_out_of_range_stays_damage() -> None:
+    """A packed entry naming no identity in the table is reported at use, and a checkpoint
+    never lets a later identity fill the hole."""
+    from fleetclaims.core.errors import RegistryCorrupt
+
+    table = SnapshotClaims({"t": {"owner": "a", "fence": 1, "identity": 3}})
+    state = State(table, 1, 1, "0" * 64, "")
+    with pytest.raises(RegistryCorrupt):
+        state.claims.get("t")
+    snap = decode_snapshot(encode_snapshot(state, 0))
+    assert dict(snap.state.claims.raw_items())["t"]["identity"] == -1

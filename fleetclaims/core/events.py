@@ -190,12 +190,35 @@ def _granted(
         priority=_int(event.get("priority", 100)),
         note=_opt_str(event.get("note")),
         metadata=metadata,
-        identity=None if ident is None else Identity.from_dict(_mapping(ident)),
+        identity=None if ident is None else _identity(ident),
         seq=seq,
         eid=eid,
         retired=retired,
         **_deadline(event),
     )
+
+
+_IDENTITIES: dict[tuple[Any, ...], Identity] = {}
+_IDENTITIES_MAX = 1024
+
+
+def _identity(data: Any) -> Identity:
+    """``Identity.from_dict``, shared between the many grants one process makes: the same owner
+    process appears on line after line, and building and checking it costs more than a lookup.
+    Only exact str/int members are looked up, so a malformed value is still checked."""
+    found = None
+    if type(data) is dict:
+        key = (data.get("host"), data.get("machine"), data.get("boot"), data.get("pidns"),
+               data.get("pid"), data.get("start"))
+        if all(type(v) is str for v in key[:4]) and type(key[4]) is int \
+                and type(key[5]) is int:
+            found = _IDENTITIES.get(key)
+            if found is None:
+                found = Identity.from_dict(data)
+                if len(_IDENTITIES) >= _IDENTITIES_MAX:
+                    _IDENTITIES.clear()
+                _IDENTITIES[key] = found
+    return found if found is not None else Identity.from_dict(_mapping(data))
 
 
 def _deadline(event: dict[str, Any]) -> dict[str, Any]:

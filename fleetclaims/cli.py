@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO, cast
 
 from .core.durations import format_duration, iso, parse_duration, parse_instant, relative
 from .core.errors import (
@@ -108,6 +107,8 @@ class Out:
 
 def _err(out_json: bool, exc: FleetclaimsError) -> int:
     if out_json:
+        import json
+
         sys.stdout.write(json.dumps(exc.to_dict(), ensure_ascii=False) + "\n")
     sys.stderr.write(f"fleetclaims: {exc}\n")
     return exc.exit_code
@@ -122,16 +123,18 @@ def claim_doc(c: Claim, now: float) -> dict[str, Any]:
 
 
 _DOC_DEFAULTS: dict[str, Any] = {"note": None, "metadata": None, "result": None,
-                                  "identity": None, "stale_reason": None, "ended_at": None}
+                                  "identity": None, "stale_reason": None, "ended_at": None,
+                                  "expires_at": None}
 _DOC_HIDDEN = ("boot_deadline", "deadline_boot", "retired", "eid")
 
 
 def _data_doc(data: dict[str, Any], now: float) -> dict[str, Any]:
-    """claim_doc() for a persisted dict: the same members in the same form."""
+    """claim_doc() for a persisted dict: the same members in the same form (a cold
+    `list --json` calls it for every claim of the registry)."""
     doc = {**_DOC_DEFAULTS, **data}
     for key in _DOC_HIDDEN:
         doc.pop(key, None)
-    expires = doc.get("expires_at")
+    expires = doc["expires_at"]
     doc["expires_in"] = None if expires is None else round(expires - now, 3)
     return doc
 
@@ -186,6 +189,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"fleetclaims: {message}\nRun `{self.prog} --help` for usage.\n")
 
 
+class _Discarded:
+    """Stands in for the parser of a subcommand that is not being run: its arguments are
+    thrown away without building argparse actions (a cold command builds only its own)."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> _Discarded:
+        return self
+
+
+_DISCARD = _Discarded()
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with ``only``, the other subcommands are left out (a cold command should
     not pay for building twenty parsers)."""
@@ -202,7 +219,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         if only is not None and name != only:
-            return argparse.ArgumentParser(add_help=False)  # discarded
+            return cast(argparse.ArgumentParser, _DISCARD)
         p = sub.add_parser(name, help=help_text, description=help_text,
                            epilog="example:\n  " + EXAMPLES.get(name, f"fleetclaims {name}"),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -365,6 +382,8 @@ def _json_arg(field: str, text: str | None, *, plain_ok: bool) -> Any:
     if text is None:
         return None
     try:
+        import json
+
         return json.loads(text)
     except ValueError:
         if plain_ok:
@@ -505,6 +524,8 @@ def cmd_show(args: argparse.Namespace, out: Out) -> int:
         rows.append(("stale", f"{stale}; take over with `fleetclaims recover {c.task} "
                               "--owner YOU --reason ...`"))
     if c.result is not None:
+        import json
+
         rows.append(("result", json.dumps(c.result)))
     if queued is not None:
         rows.append(("queue", queued.status + (

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Any
@@ -114,6 +113,8 @@ def json_value(field: str, value: Any, *, mapping: bool = False) -> Any:
         return None
     if mapping and not isinstance(value, dict):
         raise ValidationError(field, "must be a mapping of strings to JSON values", value=value)
+    import json  # here: a cold command without metadata does not pay for importing it
+
     try:
         encoded = json.dumps(value, allow_nan=False, ensure_ascii=False, sort_keys=True)
     except (TypeError, ValueError, RecursionError) as exc:

@@ -249,9 +249,7 @@ class Registry:
         live to release. ``force=True`` releases whoever holds it and records ``reason``."""
         task = validate.task(task)
         if force:
-            why = validate.text("reason", reason, validate.REASON_MAX)
-            if not why:
-                raise ValidationError("reason", "is required with force=True")
+            why = validate.required_reason(reason, "say why you release someone's claim")
             who = validate.owner(actor, "actor")
             decision, _ = self._run(lambda s, now: rules.decide_force_release(s, task, who, why))
             return bool(decision.result)
@@ -279,9 +277,7 @@ class Registry:
         """Take over a stale claim (expired lease or owner proven dead); recorded with the
         previous owner, fence and reason. A live owner is never robbed (ClaimConflict)."""
         task = validate.task(task)
-        why = validate.text("reason", reason, validate.REASON_MAX) or ""
-        if not why:
-            raise ValidationError("reason", "is required: say why you take the task over")
+        why = validate.required_reason(reason, "say why you take the task over")
         raw, grant = self._grant(owner, None, ttl, priority=priority, note=note)
 
         def decide(state: State, now: Now) -> Decision:
@@ -320,9 +316,7 @@ class Registry:
     def reopen(self, task: str, *, reason: str, actor: str = "operator") -> Claim | None:
         """Make a completed task claimable again. None when it was not completed."""
         task = validate.task(task)
-        why = validate.text("reason", reason, validate.REASON_MAX) or ""
-        if not why:
-            raise ValidationError("reason", "is required")
+        why = validate.required_reason(reason, "say why the task is reopened")
         who = validate.owner(actor, "actor")
         decision, state = self._run(lambda s, now: rules.decide_reopen(s, task, who, why))
         return state.claims.get(task) if decision.result else None
@@ -364,9 +358,7 @@ class Registry:
     def block(self, task: str, *, reason: str, actor: str = "operator") -> bool:
         """Keep ``task`` from being claimed until ``unblock``; False if already blocked so."""
         task = validate.task(task)
-        why = validate.text("reason", reason, validate.REASON_MAX) or ""
-        if not why:
-            raise ValidationError("reason", "is required (say why the task is blocked)")
+        why = validate.required_reason(reason, "say why the task is blocked")
         who = validate.owner(actor, "actor")
         decision, _ = self._run(lambda s, now: rules.decide_block(s, task, why, who))
         return bool(decision.result)
@@ -374,7 +366,7 @@ class Registry:
     def unblock(self, task: str, *, reason: str | None = None, actor: str = "operator") -> bool:
         """Let ``task`` be claimed again; False if it was not blocked."""
         task = validate.task(task)
-        why = validate.text("reason", reason, validate.REASON_MAX)
+        why = validate.reason(reason)
         who = validate.owner(actor, "actor")
         decision, _ = self._run(lambda s, now: rules.decide_unblock(s, task, who, why))
         return bool(decision.result)

@@ -285,7 +285,6 @@ def test_claim_next_matches_a_brute_force_scan(ops: list[tuple[str, int, int, in
 
     def expected(take_stale: bool) -> str | None:
         state = reg.store.read()
-        now = clock.now()
         best = None
         for record in state.tasks.values():
             st_ = queue.status(record, state.claims)
@@ -296,7 +295,6 @@ def test_claim_next_matches_a_brute_force_scan(ops: list[tuple[str, int, int, in
                 ok = claim is not None and reg.is_stale(claim) is not None
             if ok and (best is None or record.key < best.key):
                 best = record
-        del now
         return None if best is None else best.task
 
     for op, i, j, p in ops:
@@ -338,7 +336,7 @@ def test_claim_next_matches_a_brute_force_scan(ops: list[tuple[str, int, int, in
         if queue.status(r, state.claims).status == "ready")
 
 
-def test_make_registry_types(make_registry: Callable[[], Registry]) -> None:
+def test_two_handles_share_one_queue(make_registry: Callable[[], Registry]) -> None:
     """Two handles on one registry see each other's queue changes (file and PostgreSQL read
     other writers' events; memory shares one store)."""
     one, two = make_registry(), make_registry()

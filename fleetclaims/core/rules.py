@@ -8,7 +8,7 @@ pass ``now`` and ``verdict`` in, which makes every rule a table test.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import events as ev
@@ -493,9 +493,8 @@ def decide_depend(state: State, task: str, on: tuple[str, ...], actor: str) -> D
         current = queue.require(state.tasks, task)
     except FleetclaimsError as exc:
         return Decision((), exc)
-    deps = tuple(sorted({*current.depends_on, *on}))
-    spec = queue.Task(task, current.priority, deps, current.labels, current.note)
-    return decide_add(state, spec, actor)
+    return decide_add(state, replace(current, depends_on=tuple(sorted({*current.depends_on, *on}))),
+                      actor)
 
 
 def decide_block(state: State, task: str, reason: str, actor: str) -> Decision:
@@ -519,10 +518,7 @@ def decide_unblock(state: State, task: str, actor: str, reason: str | None) -> D
         return Decision(result=False)
     events: list[dict[str, Any]] = [
         {"type": queue.TASK_UNBLOCKED, "task": task, "actor": actor, "reason": reason}]
-    claim = state.claims.get(task)
-    unblocked = queue.Task(task, current.priority, current.depends_on, current.labels)
-    if queue.status(unblocked, state.claims).status == queue.READY and not (
-            claim is not None and claim.live):
+    if queue.status(replace(current, blocked=None), state.claims).status == queue.READY:
         events.append({"type": queue.BECAME_READY, "task": task, "actor": actor,
                        "after": "unblock"})
     return Decision(tuple(events), result=True)
@@ -545,8 +541,7 @@ def decide_claim_next(
         record = state.tasks.get(key[2])
         if record is None or not labels <= set(record.labels):
             continue
-        mine = Grant(grant.owner, grant.token_hash, grant.ttl, record.priority, grant.note,
-                     grant.metadata, grant.identity, grant.phase)
+        mine = replace(grant, priority=record.priority)  # the claim takes the task's priority
         if held:
             current = state.claims.get(record.task)
             if current is None:

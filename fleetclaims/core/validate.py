@@ -82,6 +82,19 @@ def text(field: str, value: Any, limit: int = NOTE_MAX) -> str | None:
     return value
 
 
+def reason(value: Any) -> str | None:
+    """An optional reason for the audit log."""
+    return text("reason", value, REASON_MAX)
+
+
+def required_reason(value: Any, explain: str) -> str:
+    """A reason the operation cannot go without; ``explain`` says what it must explain."""
+    found = reason(value)
+    if not found:
+        raise ValidationError("reason", f"is required: {explain}")
+    return found
+
+
 def ttl(value: Any, *, allow_none: bool = False) -> float | None:
     if value is None:
         if allow_none:

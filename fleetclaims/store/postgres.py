@@ -181,7 +181,45 @@ class _Retry(Exception):
         self.error = error
 
 
-class PgClaimTable(ClaimTable):
+class _LazyRows:
+    """What both database-backed tables share: a row is fetched on first use, a missing one is
+    remembered as absent, the whole table is fetched once when a caller needs all of it, and
+    ``dirty`` names the rows changed by applied events (upserted at commit). (No __slots__:
+    two slotted bases cannot be combined; the tables are short-lived, one per transaction.)"""
+
+    _store: PostgresStore
+    _absent: set[str]
+    _complete: bool
+    _raw: dict[str, Any]
+    dirty: set[str]
+
+    def _start(self, store: PostgresStore, complete: bool) -> None:
+        self._store = store
+        self._absent = set()
+        self._complete = complete
+        self.dirty = set()
+
+    def _in_memory(self, task: str) -> bool:
+        raise NotImplementedError
+
+    def _fetch_rows(self) -> Iterable[tuple[str, Any]]:
+        raise NotImplementedError
+
+    def _load_all(self) -> None:
+        if self._complete:
+            return
+        for task, data in self._fetch_rows():
+            if not self._in_memory(task):
+                self._raw[task] = data
+        self._absent.clear()
+        self._complete = True
+
+    def _changed(self, task: str) -> None:
+        self._absent.discard(task)
+        self.dirty.add(task)
+
+
+class PgClaimTable(_LazyRows, ClaimTable):
     """A ClaimTable that loads claim rows from the database on first use.
 
     Inside a write transaction the rows come from that transaction (under the head lock, so
@@ -192,11 +230,14 @@ class PgClaimTable(ClaimTable):
     __slots__ = ("_absent", "_complete", "_store", "dirty")
 
     def __init__(self, store: PostgresStore, *, complete: bool = False) -> None:
-        super().__init__()
-        self._store = store
-        self._absent: set[str] = set()
-        self._complete = complete
-        self.dirty: set[str] = set()
+        ClaimTable.__init__(self)
+        self._start(store, complete)
+
+    def _in_memory(self, task: str) -> bool:
+        return task in self._claims or task in self._raw
+
+    def _fetch_rows(self) -> Iterable[tuple[str, Any]]:
+        return self._store._fetch_all_claims()
 
     def get(self, task: str) -> Claim | None:
         claim = self._claims.get(task)
@@ -213,20 +254,10 @@ class PgClaimTable(ClaimTable):
 
     def __setitem__(self, task: str, claim: Claim) -> None:
         super().__setitem__(task, claim)
-        self._absent.discard(task)
-        self.dirty.add(task)
+        self._changed(task)
 
     def __contains__(self, task: object) -> bool:
         return isinstance(task, str) and self.get(task) is not None
-
-    def _load_all(self) -> None:
-        if self._complete:
-            return
-        for task, data in self._store._fetch_all_claims():
-            if task not in self._claims and task not in self._raw:
-                self._raw[task] = data
-        self._absent.clear()
-        self._complete = True
 
     def __len__(self) -> int:
         self._load_all()
@@ -253,7 +284,7 @@ class PgClaimTable(ClaimTable):
         return super().copy()
 
 
-class PgTaskTable(TaskTable):
+class PgTaskTable(_LazyRows, TaskTable):
     """The work queue's TaskTable over the ``tasks`` table: one row on ``get``; the whole
     table (and every claim row) when the ready index is needed (``claim_next``, ``ready``).
     ``dirty`` names the tasks changed by applied events."""
@@ -261,11 +292,15 @@ class PgTaskTable(TaskTable):
     __slots__ = ("_absent", "_complete", "_store", "dirty")
 
     def __init__(self, store: PostgresStore, *, complete: bool = False) -> None:
-        super().__init__()
-        self._store = store
-        self._absent: set[str] = set()
-        self._complete = complete
-        self.dirty: set[str] = set()
+        TaskTable.__init__(self)
+        self._start(store, complete)
+
+    def _in_memory(self, task: str) -> bool:
+        return task in self._tasks or task in self._raw
+
+    def _fetch_rows(self) -> Iterable[tuple[str, Any]]:
+        return [(str(task), orjson.loads(data))
+                for task, data in self._store._query(self._store._sql_tasks)]
 
     def get(self, task: str) -> Task | None:
         if task in self._tasks or task in self._raw:
@@ -281,20 +316,10 @@ class PgTaskTable(TaskTable):
 
     def put(self, record: Task, claims: ClaimTable) -> None:
         super().put(record, claims)
-        self._absent.discard(record.task)
-        self.dirty.add(record.task)
+        self._changed(record.task)
 
     def __contains__(self, task: object) -> bool:
         return isinstance(task, str) and self.get(task) is not None
-
-    def _load_all(self) -> None:
-        if self._complete:
-            return
-        for task, data in self._store._query(self._store._sql_tasks):
-            if task not in self._tasks and task not in self._raw:
-                self._raw[str(task)] = orjson.loads(data)
-        self._absent.clear()
-        self._complete = True
 
     def __len__(self) -> int:
         self._load_all()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from . import queue
 from .model import (
     ACTIVE,
     COMPLETED,
+    DEFAULT_PHASE,
     EXPIRED,
     RELEASED,
     RETIRED_KEPT,
@@ -18,10 +20,11 @@ from .model import (
     _float,
     _int,
     _mapping,
-    _opt_float,
+    _new_claim,
+    _new_retired,
     _opt_str,
     _str,
-    build_claim,
+    claim_replacer,
 )
 
 REGISTRY_CREATED = "registry_created"
@@ -67,6 +70,9 @@ ALL_TYPES = frozenset(
 )
 # Journal bookkeeping that changes no claim.
 _NO_CLAIM_CHANGE = frozenset({CLAIM_REJECTED, JOURNAL_TAIL_REPAIRED, REGISTRY_CREATED})
+# Events that change one claim (handled by _apply_claim_event).
+_CLAIM_CHANGES = ALL_TYPES - _NO_CLAIM_CHANGE - queue.TASK_EVENTS - {
+    REGISTRIES_MERGED, REGISTRY_REBUILT}
 _RETIRE_CAUSE = {
     CLAIM_RECOVERED: "recovered",
     CLAIM_PREEMPTED: "preempted",
@@ -89,9 +95,21 @@ def apply(state: State, event: dict[str, Any]) -> State:
     Raises KeyError/TypeError/ValueError on an event that does not make sense; the caller
     treats that as journal damage.
     """
-    kind = _str(event["type"])
-    seq = _int(event["seq"])
-    if event.get("imported"):
+    kind = event["type"]
+    if type(kind) is not str:
+        kind = _str(kind)
+    seq = event["seq"]
+    if type(seq) is not int:
+        seq = _int(seq)
+    head = event["hash"]
+    if type(head) is not str:
+        head = _str(head)
+    if kind in _CLAIM_CHANGES and not event.get("imported"):  # the common case, first
+        _apply_claim_event(state, kind, event, seq)
+        tasks = state.tasks
+        if tasks.indexed:
+            tasks.changed(event["task"], state.claims)
+    elif event.get("imported"):
         pass  # history copied from another registry: its effect arrives in registries_merged
     elif kind == REGISTRY_CREATED:
         state.origin = _str(event["origin"])
@@ -106,95 +124,128 @@ def apply(state: State, event: dict[str, Any]) -> State:
         queue.apply_task_event(state.tasks, state.claims, kind, event, seq,
                                _float(event["ts"]))
     elif kind not in _NO_CLAIM_CHANGE:
-        _apply_claim_event(state, kind, event, seq)
-        if state.tasks.indexed:
-            state.tasks.changed(_str(event["task"]), state.claims)
+        raise ValueError(f"unknown event type {kind!r}")
     state.seq = seq
-    state.head = _str(event["hash"])
+    state.head = head
     return state
 
 
 def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int) -> None:
-    task = _str(event["task"])
-    ts = _float(event["ts"])
-    eid = event_id(event)
-    current = state.claims.get(task)
+    task = event["task"]
+    if type(task) is not str:
+        task = _str(task)
+    ts = event["ts"]
+    if type(ts) is not float or ts - ts != 0.0:  # the common case: a finite float
+        ts = _float(ts)
+    eid = event.get("ohash") or event["hash"]
+    if type(eid) is not str:
+        eid = str(eid)
+    claims = state.claims
+    current = claims.get(task)
     if kind in GRANTS:
-        state.claims[task] = _granted(kind, event, current, ts, seq, eid)
-        state.fence = max(state.fence, _int(event["fence"]))
+        claims[task] = _granted(kind, event, task, current, ts, seq, eid)
+        fence = event["fence"]
+        if fence > state.fence:  # (an int: _granted checked it)
+            state.fence = fence
         return
-    if kind not in ALL_TYPES:
-        raise ValueError(f"unknown event type {kind!r}")
     if current is None:
         raise ValueError(f"{kind} for task {task!r} that has no claim")
-    common: dict[str, Any] = {"seq": seq, "eid": eid}
     if kind == LEASE_RENEWED:
-        new = current.evolve(renewed_at=ts, **_deadline(event), **common)
+        get = event.get
+        new = _renewed(current, ts, *_deadline(get), seq, eid)
     elif kind == PHASE_CHANGED:
-        new = current.evolve(phase=_str(event["phase"]), renewed_at=ts, **_deadline(event),
-                      **common)
+        new = _phase_changed(current, _str(event["phase"]), ts, *_deadline(event.get), seq, eid)
     elif kind in (CLAIM_RELEASED, CLAIM_RELEASED_FORCED):
         forced = kind == CLAIM_RELEASED_FORCED
         old = _retire(current, "forced" if forced else "released", ts,
                       by=_opt_str(event.get("actor")) if forced else None,
                       rule=_opt_str(event.get("reason")) if forced else None)
-        new = current.evolve(state=RELEASED, ended_at=ts, retired=_keep(current, old), **common)
+        new = _ended(current, RELEASED, ts, _keep(current, old), seq, eid)
     elif kind == CLAIM_COMPLETED:
-        new = current.evolve(state=COMPLETED, ended_at=ts, result=event.get("result"), **common)
+        new = _completed(current, COMPLETED, ts, event.get("result"), seq, eid)
     elif kind == CLAIM_REOPENED:
         old = _retire(current, "completed", ts)
-        new = current.evolve(state=RELEASED, ended_at=ts, retired=_keep(current, old), **common)
+        new = _ended(current, RELEASED, ts, _keep(current, old), seq, eid)
     elif kind == LEASE_EXPIRED:
-        new = current.evolve(state=EXPIRED, stale_reason=_opt_str(event.get("reason")),
-                      ended_at=ts, **common)
+        new = _expired(current, EXPIRED, _opt_str(event.get("reason")), ts, seq, eid)
     elif kind == CLAIM_SUPERSEDED:
-        loser = Retired(
-            token_hash=_str(event["loser_token_hash"]),
-            fence=_int(event["loser_fence"]),
-            owner=_str(event["loser"]),
-            cause="superseded",
-            by=_str(event["winner"]),
-            rule=_str(event["rule"]),
-            at=ts,
+        loser = _new_retired(
+            _str(event["loser_token_hash"]), _int(event["loser_fence"]), _str(event["loser"]),
+            "superseded", _str(event["winner"]), _str(event["rule"]), ts, None,
         )
-        if any(r.token_hash == loser.token_hash for r in current.retired):
-            new = current.evolve(**common)
-        else:
-            new = current.evolve(retired=(*current.retired, loser)[-RETIRED_KEPT:], **common)
+        retired = current.retired
+        if not any(r.token_hash == loser.token_hash for r in retired):
+            retired = (*retired, loser)[-RETIRED_KEPT:]
+        new = _superseded(current, retired, seq, eid)
     else:  # pragma: no cover - every type is handled above
         raise ValueError(f"unhandled event type {kind!r}")
-    state.claims[task] = new
+    claims[task] = new
+
+
+# Straight-line construction: these run for every line a process applies, its own and those
+# other writers appended (bench/profile_claims.py --procs 4), so they avoid keyword dicts and
+# the frozen dataclass __init__. Each value is checked as Claim.from_dict would; the
+# ``type(v) is ...`` tests only skip the checking call for the common exact types.
+_DEADLINE = ("ttl", "expires_at", "boot_deadline", "deadline_boot")
+_renewed = claim_replacer("renewed_at", *_DEADLINE, "seq", "eid")
+_phase_changed = claim_replacer("phase", "renewed_at", *_DEADLINE, "seq", "eid")
+_ended = claim_replacer("state", "ended_at", "retired", "seq", "eid")
+_completed = claim_replacer("state", "ended_at", "result", "seq", "eid")
+_expired = claim_replacer("state", "stale_reason", "ended_at", "seq", "eid")
+_superseded = claim_replacer("retired", "seq", "eid")
+
+
+def _opt_float_fast(value: Any) -> float | None:
+    if value is None or (type(value) is float and value - value == 0.0):
+        return value
+    return _float(value)
+
+
+def _deadline(get: Callable[[str], Any]) -> tuple[float | None, float | None, float | None, str]:
+    """(ttl, expires_at, boot_deadline, deadline_boot) of an event, checked."""
+    boot = get("deadline_boot")
+    return (_opt_float_fast(get("ttl")), _opt_float_fast(get("expires_at")),
+            _opt_float_fast(get("boot_deadline")),
+            boot if type(boot) is str else (_opt_str(boot) or ""))
 
 
 def _granted(
-    kind: str, event: dict[str, Any], current: Claim | None, ts: float, seq: int, eid: str
+    kind: str, event: dict[str, Any], task: str, current: Claim | None, ts: float, seq: int,
+    eid: str,
 ) -> Claim:
     retired: tuple[Retired, ...] = () if current is None else current.retired
+    owner = event["owner"]
+    if type(owner) is not str:
+        owner = _str(owner)
     if current is not None and kind in _RETIRE_CAUSE and current.live:
-        old = _retire(current, _RETIRE_CAUSE[kind], ts, by=_str(event["owner"]),
+        old = _retire(current, _RETIRE_CAUSE[kind], ts, by=owner,
                       rule=_opt_str(event.get("rule") or event.get("reason")))
         retired = _keep(current, old)
-    ident = event.get("identity")
-    metadata = event.get("metadata")
+    get = event.get
+    fence = event["fence"]
+    if type(fence) is not int:
+        fence = _int(fence)
+    phase = get("phase", DEFAULT_PHASE)
+    if type(phase) is not str:
+        phase = _str(phase)
+    token_hash = event["token_hash"]
+    if type(token_hash) is not str:
+        token_hash = _str(token_hash)
+    priority = get("priority", 100)
+    if type(priority) is not int:
+        priority = _int(priority)
+    note = get("note")
+    if note is not None and type(note) is not str:
+        note = _str(note)
+    metadata = get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise TypeError("metadata must be an object")
-    return build_claim(
-        task=_str(event["task"]),
-        owner=_str(event["owner"]),
-        fence=_int(event["fence"]),
-        state=ACTIVE,
-        phase=_str(event.get("phase", "working")),
-        token_hash=_str(event["token_hash"]),
-        claimed_at=ts,
-        renewed_at=ts,
-        priority=_int(event.get("priority", 100)),
-        note=_opt_str(event.get("note")),
-        metadata=metadata,
-        identity=None if ident is None else _identity(ident),
-        seq=seq,
-        eid=eid,
-        retired=retired,
-        **_deadline(event),
+    ident = get("identity")
+    ttl, expires_at, boot_deadline, deadline_boot = _deadline(get)
+    return _new_claim(
+        task, owner, fence, ACTIVE, phase, token_hash, ts, ts, expires_at, ttl, boot_deadline,
+        deadline_boot, priority, note, metadata, None,
+        None if ident is None else _identity(ident), None, None, seq, eid, retired, None,
     )
 
 
@@ -205,44 +256,32 @@ _IDENTITIES_MAX = 1024
 def _identity(data: Any) -> Identity:
     """``Identity.from_dict``, shared between the many grants one process makes: the same owner
     process appears on line after line, and building and checking it costs more than a lookup.
-    Only exact str/int members are looked up, so a malformed value is still checked."""
-    found = None
+    Only exact str/int members are cached (a str equals only a str, and an exact int only an
+    int or a float, ruled out by the type test), so a malformed value is still checked."""
     if type(data) is dict:
-        key = (data.get("host"), data.get("machine"), data.get("boot"), data.get("pidns"),
-               data.get("pid"), data.get("start"))
-        if all(type(v) is str for v in key[:4]) and type(key[4]) is int \
-                and type(key[5]) is int:
-            found = _IDENTITIES.get(key)
-            if found is None:
+        get = data.get
+        key = (get("host"), get("machine"), get("boot"), get("pidns"), get("pid"), get("start"))
+        if type(key[4]) is int and type(key[5]) is int:
+            try:
+                found = _IDENTITIES.get(key)
+            except TypeError:  # an unhashable member: checked by from_dict below
+                found = None
+            if found is not None:
+                return found
+            if all(type(v) is str for v in key[:4]):
                 found = Identity.from_dict(data)
                 if len(_IDENTITIES) >= _IDENTITIES_MAX:
                     _IDENTITIES.clear()
                 _IDENTITIES[key] = found
-    return found if found is not None else Identity.from_dict(_mapping(data))
-
-
-def _deadline(event: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "ttl": _opt_float(event.get("ttl")),
-        "expires_at": _opt_float(event.get("expires_at")),
-        "boot_deadline": _opt_float(event.get("boot_deadline")),
-        "deadline_boot": _opt_str(event.get("deadline_boot")) or "",
-    }
+                return found
+    return Identity.from_dict(_mapping(data))
 
 
 def _retire(
     claim: Claim, cause: str, ts: float, *, by: str | None = None, rule: str | None = None
 ) -> Retired:
-    return Retired(
-        token_hash=claim.token_hash,
-        fence=claim.fence,
-        owner=claim.owner,
-        cause=cause,
-        by=by,
-        rule=rule,
-        at=ts,
-        expired_at=claim.expires_at,
-    )
+    return _new_retired(claim.token_hash, claim.fence, claim.owner, cause, by, rule, ts,
+                        claim.expires_at)
 
 
 def _keep(claim: Claim, old: Retired) -> tuple[Retired, ...]:

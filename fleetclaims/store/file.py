@@ -440,7 +440,7 @@ class FileStore:
         assert state is not None
         path = str(self.journal_path)
         while True:
-            for offset, line, complete in iter_lines(self._fd, self._offset, chunk_size=65536):
+            for offset, line, complete in iter_lines(self._fd, self._offset, chunk_size=4096):
                 if not complete:
                     # Only a partial line followed by nothing but unused space is a torn tail;
                     # bytes beyond a run of zeros mean the file was damaged mid-way.

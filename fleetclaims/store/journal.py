@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from ..core import events as ev
-from ..core.chain import ChainError, unseal
+from ..core.chain import ChainError, check_seal
 from ..core.errors import AuditCorrupt, RegistryCorrupt
 from ..core.model import DEFAULT_PHASE, GENESIS, Claim, ClaimTable, State
 from ..core.queue import TaskTable
@@ -30,7 +30,7 @@ _CHECKSUM_SUFFIX = len(_CHECKSUM_MARK) + 64 + 2
 def parse_line(line: bytes, *, seq: int, prev: str, offset: int, path: str) -> dict[str, Any]:
     """Check one complete line (no newline) against the chain and return the event."""
     try:
-        unseal(line)
+        check_seal(line)
         event = orjson.loads(line)
     except (ChainError, orjson.JSONDecodeError) as exc:
         raise AuditCorrupt(path, seq=seq, offset=offset, reason=str(exc)) from None
@@ -76,7 +76,9 @@ def iter_lines(
         if end is not None:
             want = min(want, end - pos)
         chunk = os.pread(fd, want, pos)
-        want = CHUNK
+        # Start small (a writer catching up reads a few lines, and the preallocated zeros
+        # after them cost a copy too), then grow to CHUNK for long replays.
+        want = min(want * 8, CHUNK)
         if not chunk:
             break
         nul = chunk.find(b"\0")
@@ -422,7 +424,7 @@ def check_link(line: bytes, seq: int, prev: str) -> str:
 
     Raises ChainError (or orjson.JSONDecodeError). Used by every store's verify: only a line
     that fails the cheap byte checks is parsed."""
-    _, digest = unseal(line)
+    digest = check_seal(line)
     if seq_of(line) != seq:
         event = orjson.loads(line)
         found = event.get("seq") if isinstance(event, dict) else None

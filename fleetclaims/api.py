@@ -40,6 +40,10 @@ if TYPE_CHECKING:  # imported where used: a cold CLI command should not pay for 
 Durability = Literal["full", "process"]
 
 
+def _first(item: tuple[str, Any]) -> str:
+    return item[0]
+
+
 def _listed(state: str, unexpired: bool, expired: bool, completed: bool, released: bool) -> bool:
     """Whether claims()/claims_data() list a claim in ``state``: live ones always, the rest
     when asked for."""
@@ -530,18 +534,21 @@ class Registry:
         include_released: bool = False,
     ) -> list[dict[str, Any]]:
         """``claims()`` as persisted dicts (sorted by task), without building Claim objects for
-        snapshot entries nothing has touched: what a cold ``fleetclaims list --json`` needs."""
+        snapshot entries nothing has touched: what a cold ``fleetclaims list --json`` needs.
+        Each dict is new (yours to change) and has every optional member (None when unset)."""
         if owner is not None:
             owner = validate.owner(owner)
         state = self.store.read()
         now = self._now()
         found = []
-        for _task, data in sorted(state.claims.raw_items()):
+        expired = rules.lease_expired_data
+        for _task, data in sorted(state.claims.data_items(), key=_first):
             if owner is not None and data.get("owner") != owner:
                 continue
             kind = data.get("state", ACTIVE)
-            unexpired = kind == ACTIVE and not rules.lease_expired_data(data, now)
-            if _listed(kind, unexpired, include_expired, include_completed, include_released):
+            if kind == ACTIVE and not expired(data, now):
+                found.append(data)  # live: always listed
+            elif _listed(kind, False, include_expired, include_completed, include_released):
                 found.append(data)
         return found
 

@@ -345,3 +345,43 @@ def test_sweep_marks_expired_and_dead(registry: Registry, clock: FakeClock,
     assert registry.sweep().found == ()
     assert registry.get("dead").state == "expired"  # type: ignore[union-attr]
     assert registry.claim("dead", owner="d", take_stale=True).owner == "d"
+
+
+def test_claims_data_matches_claims(make_registry: Callable[[], Registry],
+                                    clock: FakeClock) -> None:
+    """claims_data() (the listing without Claim objects) gives, in every store and for every
+    kind of entry (as loaded, or touched since), what claims() gives as persisted dicts:
+    every optional member present, new dicts the caller may change."""
+    from fleetclaims.cli import _data_doc, claim_doc
+
+    reg = make_registry()
+    a = reg.claim("a-live", owner="alice", ttl=600, note="n", metadata={"k": 1})
+    reg.claim("b-parked", owner="bob", ttl=60)
+    done = reg.claim("c-done", owner="carol", ttl=60)
+    reg.complete("c-done", token=done.token, result={"ok": 1})
+    gone = reg.claim("d-released", owner="dave", ttl=60)
+    reg.release("d-released", token=gone.token)
+    reg.claim("e-expired", owner="erin", ttl=5, process=False)
+    reg.claim("f-other", owner="frank", ttl=600)
+    clock.advance(10)
+    checkpoint = getattr(reg.store, "checkpoint", None)
+    if checkpoint is not None:
+        checkpoint()
+    for touch in (False, True):
+        fresh = make_registry()  # entries as loaded (a file store: packed snapshot entries)
+        if touch:
+            fresh.renew("a-live", token=a.token)  # and one touched since
+        now = clock.now().wall
+        for kwargs in ({}, {"include_expired": True, "include_completed": True,
+                            "include_released": True}, {"owner": "alice"}):
+            data = fresh.claims_data(**kwargs)  # type: ignore[arg-type]
+            claims = fresh.claims(**kwargs)  # type: ignore[arg-type]
+            assert [d["task"] for d in data] == [c.task for c in claims], kwargs
+            # (members at their empty defaults may be left out, as in the persisted form)
+            empty = {"retired": [], "deadline_boot": "", "eid": ""}
+            assert [{**empty, **d} for d in data] == [c.to_dict() for c in claims]
+            assert len({id(d) for d in data} | {id(d) for d in fresh.claims_data(**kwargs)}) \
+                == 2 * len(data)  # type: ignore[arg-type]
+            assert [_data_doc(d, now) for d in data] == [claim_doc(c, now) for c in claims]
+        assert {d["task"] for d in fresh.claims_data()} == {"a-live", "b-parked", "f-other"}
+        fresh.close()

@@ -262,6 +262,8 @@ class Claim:
 _OPTIONAL = ("note", "metadata", "result", "identity", "stale_reason", "ended_at",
              "boot_deadline")
 _EMPTY = ("retired", "deadline_boot", "eid")
+# What ClaimTable.data_items() puts under each dict: the optional members, None.
+LISTING_BASE: dict[str, Any] = dict.fromkeys((*_OPTIONAL, "expires_at"))
 _CLAIM_DEFAULTS = {f.name: f.default for f in fields(Claim)}
 _CLAIM_FIELDS = tuple(_CLAIM_DEFAULTS)
 # Each slot's setter, for evolve(): a slot descriptor's __set__ writes a frozen instance.
@@ -369,6 +371,12 @@ class ClaimTable:
         yield from self._raw.items()
         for task, claim in self._claims.items():
             yield task, claim.to_dict(compact=True)
+
+    def data_items(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(task, persisted dict) pairs for listings: each dict is new (the caller may change
+        it) and has every optional member, None when unset; no Claim objects are built."""
+        for task, data in self.raw_items():
+            yield task, {**LISTING_BASE, **data}
 
     def copy(self) -> ClaimTable:
         clone = ClaimTable()

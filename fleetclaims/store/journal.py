@@ -17,7 +17,7 @@ import orjson
 from ..core import events as ev
 from ..core.chain import ChainError, check_seal
 from ..core.errors import AuditCorrupt, RegistryCorrupt
-from ..core.model import DEFAULT_PHASE, GENESIS, Claim, ClaimTable, State
+from ..core.model import DEFAULT_PHASE, GENESIS, LISTING_BASE, Claim, ClaimTable, State
 from ..core.queue import TaskTable
 from .base import VerifyReport
 
@@ -302,10 +302,18 @@ def _is_default(key: str, value: Any) -> bool:
     return key in _PACK_DEFAULTS and _same(value, _PACK_DEFAULTS[key])
 
 
-def _unpack(task: str, entry: dict[str, Any], identities: list[Any]) -> dict[str, Any]:
-    """A format-2 entry as its format-1 (persisted) dict. Never raises: a damaged entry stays
-    damaged (e.g. an identity number out of range) for Claim.from_dict to report."""
-    full = {"task": task, **_PACK_DEFAULTS, **entry}
+_UNPACK_BASE: dict[str, Any] = {"task": None, **_PACK_DEFAULTS}
+_PACKED_LISTING_BASE = {**_UNPACK_BASE, **LISTING_BASE}
+
+
+def _unpack(task: str, entry: dict[str, Any], identities: list[Any],
+            base: dict[str, Any] = _UNPACK_BASE) -> dict[str, Any]:
+    """A format-2 entry as its format-1 (persisted) dict, with ``base``'s members under it.
+    Never raises: a damaged entry stays damaged (e.g. an identity number out of range) for
+    Claim.from_dict to report."""
+    full = base.copy()  # (quicker than a {**base, **entry} display; "task" leads base)
+    full.update(entry)
+    full["task"] = task
     if "renewed_at" not in entry and "claimed_at" in entry:
         full["renewed_at"] = entry["claimed_at"]
     at = entry.get("identity")
@@ -407,6 +415,18 @@ class SnapshotClaims(ClaimTable):
             yield task, raw if "task" in raw else _unpack(task, raw, identities)
         for task, claim in self._claims.items():
             yield task, claim.to_dict(compact=True)
+
+    def data_items(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        # One new dict per entry, unpacked straight onto the listing base (a cold `list
+        # --json` does this for every claim of the registry).
+        identities = self._identities
+        for task, raw in self._raw.items():
+            if "task" in raw:
+                yield task, {**LISTING_BASE, **raw}
+            else:
+                yield task, _unpack(task, raw, identities, _PACKED_LISTING_BASE)
+        for task, claim in self._claims.items():
+            yield task, claim.to_dict()
 
     def copy(self) -> SnapshotClaims:
         clone = SnapshotClaims()

@@ -279,6 +279,10 @@ class PgClaimTable(_LazyRows, ClaimTable):
         self._load_all()
         return super().raw_items()
 
+    def data_items(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        self._load_all()
+        return super().data_items()
+
     def copy(self) -> ClaimTable:
         self._load_all()
         return super().copy()

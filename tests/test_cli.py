@@ -381,3 +381,32 @@ def test_console_exit_flushes_everything_and_keeps_exit_codes(tmp_path: Path) ->
                           timeout=60, check=False)
     assert proc.returncode == 0 and "active 3000" in proc.stdout
     assert note.read_text() == "buffered"
+
+
+@pytest.mark.parametrize(("argv", "collect"), [
+    (["list", "--json"], False),
+    (["--dir", "x", "claim", "t", "--owner", "o"], False),
+    (["audit", "verify"], False),
+    (["run", "--task", "t", "--", "sleep", "1"], True),
+    (["mcp", "--owner", "o"], True),
+    (["audit", "--follow"], True),
+    (["events", "-f"], True),
+    ([], True),
+    (["--help"], True),
+])
+def test_console_keeps_the_cyclic_collector_only_for_long_commands(
+        argv: list[str], collect: bool) -> None:
+    from fleetclaims.console import needs_collector
+
+    assert needs_collector(argv) is collect
+
+
+def test_console_runs_short_commands_without_the_cyclic_collector(tmp_path: Path) -> None:
+    code = ("import atexit, gc, sys; from fleetclaims import console; "
+            "atexit.register(lambda: print('gc', gc.isenabled())); "
+            "sys.argv[1:] = sys.argv[2:]; console.run()")
+    env = {**os.environ, "FLEETCLAIMS_DIR": str(tmp_path / "r")}
+    for argv, enabled in ((["stats"], False), (["audit", "--follow", "--help"], True)):
+        proc = subprocess.run([sys.executable, "-c", code, "-", *argv], capture_output=True,
+                              text=True, env=env, timeout=60, check=False)
+        assert f"gc {enabled}" in proc.stdout, proc.stdout + proc.stderr

@@ -361,12 +361,15 @@ def decode_snapshot(data: bytes) -> Snapshot:
     identities = obj.get("identities", []) if packed else []
     if not isinstance(identities, list) or not all(isinstance(i, dict) for i in identities):
         raise SnapshotError("identities is not a list of objects")
-    for task, entry in claims.items():
-        # A packed entry never names its task; a format-1 entry names its own.
-        if not isinstance(entry, dict) or (
-            "task" in entry if packed else entry.get("task") != task
-        ):
-            raise SnapshotError(f"claim entry {task!r} is malformed")
+    # A packed entry never names its task; a format-1 entry names its own. (The quick test of
+    # every entry first: a cold command loads 10,000 of them.)
+    if not (all(type(e) is dict and "task" not in e for e in claims.values()) if packed
+            else all(type(e) is dict and e.get("task") == t for t, e in claims.items())):
+        for task, entry in claims.items():
+            if not isinstance(entry, dict) or (
+                "task" in entry if packed else entry.get("task") != task
+            ):
+                raise SnapshotError(f"claim entry {task!r} is malformed")
     tasks = obj.get("tasks", {})
     if not isinstance(tasks, dict):
         raise SnapshotError("tasks has the wrong type")

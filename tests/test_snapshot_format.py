@@ -193,3 +193,35 @@ def test_identity_number_out_of_range_stays_damage() -> None:
         state.claims.get("t")
     snap = decode_snapshot(encode_snapshot(state, 0))
     assert dict(snap.state.claims.raw_items())["t"]["identity"] == -1
+
+
+def test_large_snapshot_checksum_and_parse_errors(tmp_path: Path) -> None:
+    """Snapshots above 1 MiB are hashed on a second thread while they are parsed: they must be
+    checked just as strictly (a flipped byte, a checksum over invalid JSON)."""
+    from fleetclaims.store import journal
+
+    state = State()
+    for i in range(4000):
+        state.claims[f"task-{i:05d}"] = _claim(i)
+    data = encode_snapshot(state, 0)
+    assert len(data) > journal._PARALLEL_HASH_MIN
+    assert len(decode_snapshot(data).state.claims) == 4000
+    middle = len(data) // 2
+    flipped = data[:middle] + bytes([data[middle] ^ 0x01]) + data[middle + 1:]
+    with pytest.raises(SnapshotError, match="checksum"):
+        decode_snapshot(flipped)
+    # Invalid JSON under a correct checksum: refused as invalid JSON.
+    body = data[: data.rindex(b',"checksum":"')] + b"}"
+    broken = body[:middle] + b"\x00" + body[middle + 1 :]
+    digest = hashlib.sha256(broken).hexdigest()
+    forged = broken[:-1] + b',"checksum":"' + digest.encode() + b'"}\n'
+    with pytest.raises(SnapshotError, match="not valid JSON"):
+        decode_snapshot(forged)
+
+
+def _claim(i: int) -> Any:
+    from fleetclaims.core.model import Claim
+
+    return Claim(task=f"task-{i:05d}", owner="o", fence=i + 1, token_hash="h" * 64,
+                 claimed_at=1.0 + i, renewed_at=1.0 + i, expires_at=100.0 + i, ttl=99.0,
+                 eid="e" * 64, seq=i + 2, note="n" * 200)

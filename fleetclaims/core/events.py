@@ -151,8 +151,7 @@ def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int)
     if current is None:
         raise ValueError(f"{kind} for task {task!r} that has no claim")
     if kind == LEASE_RENEWED:
-        get = event.get
-        new = _renewed(current, ts, *_deadline(get), seq, eid)
+        new = _renewed(current, ts, *_deadline(event.get), seq, eid)
     elif kind == PHASE_CHANGED:
         new = _phase_changed(current, _str(event["phase"]), ts, *_deadline(event.get), seq, eid)
     elif kind in (CLAIM_RELEASED, CLAIM_RELEASED_FORCED):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
+from .core import events as ev
 from .core import queue, rules, validate
 from .core.chain import token_hash
 from .core.errors import (
@@ -602,7 +603,7 @@ class Registry:
             raise ValidationError("after", "must be a non-negative integer", value=after)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
             raise ValidationError("limit", "must be an integer from 1 to 100000", value=limit)
-        wanted = None if types is None else frozenset(types)
+        wanted = validate.event_types(types, ev.ALL_TYPES)
         if task is not None:
             task = validate.task(task)
         if owner is not None:

@@ -182,9 +182,20 @@ def _dur(field: str) -> Callable[[str], float]:
 
 
 class _Parser(argparse.ArgumentParser):
+    # Set by main() for a command line that asks for --json: a usage error is then a JSON
+    # document on stdout as well, like every other error, so a program reading stdout learns
+    # what went wrong.
+    json_errors = False
+
     def error(self, message: str) -> NoReturn:
+        hint = f"Run `{self.prog} --help` for usage."
+        if self.json_errors:
+            import json
+
+            sys.stdout.write(json.dumps({"error": "usage", "message": message, "hint": hint},
+                                        ensure_ascii=False) + "\n")
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"fleetclaims: {message}\nRun `{self.prog} --help` for usage.\n")
+        self.exit(EXIT_USAGE, f"fleetclaims: {message}\n{hint}\n")
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -914,10 +925,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, cmd = argv[:cut], argv[cut + 1 :]
+    _Parser.json_errors = "--json" in argv
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors, as a return value
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    finally:
+        _Parser.json_errors = False
     args.cmd = cmd
     if not args.command:
         parser.print_help()

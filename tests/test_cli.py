@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetclaims import Registry
+from fleetclaims import Registry, ValidationError
 from fleetclaims.cli import COMMANDS, all_commands, build_parser, main
 
 
@@ -410,3 +410,40 @@ def test_console_runs_short_commands_without_the_cyclic_collector(tmp_path: Path
         proc = subprocess.run([sys.executable, "-c", code, "-", *argv], capture_output=True,
                               text=True, env=env, timeout=60, check=False)
         assert f"gc {enabled}" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_unknown_event_type_is_refused_with_a_suggestion(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A misspelt --type is an error naming the closest type, not a filter matching nothing."""
+    d = str(tmp_path / "r")
+    run_cli(["claim", "t1", "--owner", "a", "--dir", d], capsys)
+    for command in (["events"], ["audit"], ["audit", "export"]):
+        code, out, _ = run_cli([*command, "--type", "claim_creatd", "--dir", d, "--json"],
+                               capsys)
+        assert code == 2, command
+        doc = json.loads(out)
+        assert doc["error"] == "invalid" and doc["field"] == "type"
+        assert "did you mean claim_created?" in doc["message"]
+    code, out, _ = run_cli(["events", "--type", "claim_created", "--dir", d, "--json"], capsys)
+    assert code == 0 and [e["type"] for e in json.loads(out)["events"]] == ["claim_created"]
+    reg = Registry(d)
+    with pytest.raises(ValidationError, match="not an event type"):
+        reg.events(types=["nope"])
+    with pytest.raises(ValidationError, match="list of event types"):
+        reg.events(types="claim_created")
+    with pytest.raises(ValidationError, match="list of event types"):
+        reg.events(types=[["claim_created"]])
+
+
+def test_usage_errors_under_json_are_json_documents(capsys: pytest.CaptureFixture[str]) -> None:
+    """With --json, a usage error (a missing argument, a bad duration) is also a JSON document
+    on stdout, and the human message still goes to stderr; without --json stdout stays empty."""
+    code, out, err = run_cli(["claim", "--json"], capsys)
+    assert code == 2
+    doc = json.loads(out)
+    assert doc["error"] == "usage" and "required" in doc["message"]
+    assert "fleetclaims claim --help" in doc["hint"] and "required" in err
+    code, out, _ = run_cli(["claim", "t", "--owner", "o", "--ttl", "abc", "--json"], capsys)
+    assert code == 2 and "ttl" in json.loads(out)["message"]
+    code, out, err = run_cli(["claim"], capsys)
+    assert code == 2 and out == "" and "required" in err

@@ -51,6 +51,29 @@ def names(field: str, value: Any, check: Any = None) -> tuple[str, ...]:
     return tuple(sorted({one(v) for v in value}))
 
 
+def event_types(value: Any, known: frozenset[str]) -> frozenset[str] | None:
+    """An event-type filter: None (every type), or known type names. A misspelt type is an
+    error, never a filter that silently matches nothing."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise ValidationError("type", "must be a list of event types", value=value)
+    try:
+        wanted = frozenset(value)
+    except TypeError:  # an unhashable member
+        raise ValidationError("type", "must be a list of event types", value=value) from None
+    for name in sorted(wanted, key=repr):
+        if name not in known:
+            import difflib
+
+            close = difflib.get_close_matches(str(name), known, n=1)
+            guess = f"did you mean {close[0]}? " if close else ""
+            raise ValidationError(
+                "type", f"is not an event type; {guess}the types are " + ", ".join(sorted(known)),
+                value=name)
+    return wanted
+
+
 def label(value: Any) -> str:
     return _ident("label", value, _OWNER_RE, LABEL_MAX, "letters, digits and . _ : @ + ~ -")
 

@@ -667,16 +667,24 @@ def cmd_merge(args: argparse.Namespace, out: Out) -> int:
     plan = _registry(args).merge(args.other)
     if out.json:
         out.doc({"imported": plan.imported, "changed": list(plan.changed),
-                 "conflicts": [c.to_dict() for c in plan.conflicts]})
+                 "conflicts": [c.to_dict() for c in plan.conflicts],
+                 "tasks_changed": list(plan.tasks_changed),
+                 "task_conflicts": list(plan.task_conflicts),
+                 "queue_cycles": [list(c) for c in plan.cycles]})
         return EXIT_OK
     if not plan.events:
         out.line("nothing new to merge")
         return EXIT_OK
     out.line(f"merged: {plan.imported} events imported, {len(plan.changed)} claims changed, "
-             f"{len(plan.conflicts)} conflicts")
+             f"{len(plan.conflicts)} conflicts, {len(plan.tasks_changed)} queued tasks changed")
     for c in plan.conflicts:
         out.line(f"  {c.task}: {c.winner} (fence {c.winner_fence}) wins over {c.loser} "
                  f"(fence {c.loser_fence}) by {c.rule}")
+    for task in plan.task_conflicts:
+        out.line(f"  {task}: changed on both sides; the later change was kept")
+    for loop in plan.cycles:
+        out.line(f"  dependency loop {' -> '.join(loop)}: these tasks stay pending until one "
+                 f"drops a dependency (fleetclaims add {loop[0]} --depends-on ...)")
     return EXIT_OK
 
 

@@ -515,3 +515,21 @@ def test_lost_answer_to_a_commit_that_committed_is_success(pg: str) -> None:
     assert [g["token_hash"] for g in grants] == [c.token_hash]
     assert reg.get("t") == c.with_token(None) and reg.verify().ok
     reg.close()
+
+
+def test_merge_into_postgres_carries_the_work_queue(pg: str, tmp_path: Path) -> None:
+    """A laptop's file registry merged into the team's PostgreSQL registry: its queued tasks
+    (with their blocks and dependencies) arrive, and reloading from the server shows them."""
+    laptop = Registry(tmp_path / "laptop")
+    laptop.add("lint")
+    laptop.add("ship", depends_on=["lint"], priority=5)
+    laptop.block("lint", reason="flaky runner")
+    team = Registry(pg)
+    team.add("docs")
+    plan = team.merge(tmp_path / "laptop")
+    assert set(plan.tasks_changed) == {"lint", "ship"}
+    fresh = Registry(pg)
+    assert {s.task.task: s.status for s in fresh.tasks()} == {
+        "docs": "ready", "lint": "blocked", "ship": "pending"}
+    assert fresh.task("ship").task.depends_on == ("lint",)  # type: ignore[union-attr]
+    assert team.merge(tmp_path / "laptop").events == ()

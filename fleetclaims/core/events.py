@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from . import queue
@@ -288,8 +289,12 @@ def _keep(claim: Claim, old: Retired) -> tuple[Retired, ...]:
 
 
 def _apply_merge(state: State, event: dict[str, Any], seq: int) -> None:
-    """registries_merged carries the merged records of every task the merge changed."""
+    """registries_merged carries the merged records of every task the merge changed: claims,
+    and work-queue records (which keep the identity of the change they came from)."""
     for data in event.get("claims") or []:
         claim = Claim.from_dict(_mapping(data))
         state.claims[claim.task] = claim.evolve(seq=seq)
+    for data in event.get("tasks") or []:
+        record = queue.Task.from_dict(_mapping(data))
+        state.tasks.put(replace(record, seq=seq), state.claims)
     state.fence = max(state.fence, _int(event.get("fence_floor", 0)))

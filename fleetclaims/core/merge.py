@@ -14,6 +14,7 @@ from typing import Any
 
 from . import events as ev
 from .model import COMPLETED, EXPIRED, RELEASED, RETIRED_KEPT, Claim, Now, Retired, State
+from .queue import Task, find_cycle
 from .resolver import compare
 from .rules import lease_expired
 
@@ -40,6 +41,11 @@ class MergePlan:
     imported: int
     changed: tuple[str, ...]
     conflicts: tuple[Conflict, ...]
+    # The work queue: records taken from the other registry, tasks both sides changed since
+    # they parted (the later change was kept), and dependency loops the merge closed.
+    tasks_changed: tuple[str, ...] = ()
+    task_conflicts: tuple[str, ...] = ()
+    cycles: tuple[tuple[str, ...], ...] = ()
 
 
 def ids_of(events: list[dict[str, Any]]) -> set[str]:
@@ -122,9 +128,12 @@ def plan_merge(
             changed.append(task)
             merged.append(record.to_dict())
 
+    tasks, task_conflicts = _merge_queue(ours, theirs, our_ids, their_ids)
+    cycles = _cycles_closed(ours, tasks)
     # Another registry's merge bookkeeping alone is no reason to write: without this rule two
     # registries merging back and forth would record each other's merge events forever.
-    if not merged and all(e.get("type") == ev.REGISTRIES_MERGED for e in new_events):
+    if not merged and not tasks and all(
+            e.get("type") == ev.REGISTRIES_MERGED for e in new_events):
         return MergePlan((), 0, (), ())
     summary = {
         "type": ev.REGISTRIES_MERGED,
@@ -136,6 +145,61 @@ def plan_merge(
         "fence_floor": max(ours.fence, theirs.fence),
         "conflicts": [c.to_dict() for c in conflicts],
     }
+    if tasks:  # (absent when the queue is untouched: the event keeps its earlier shape)
+        summary["tasks"] = [t.to_dict() for t in tasks]
+        summary["task_conflicts"] = task_conflicts
+        summary["queue_cycles"] = [list(c) for c in cycles]
     return MergePlan(
-        (*new_events, summary, *superseded), len(new_events), tuple(changed), tuple(conflicts)
+        (*new_events, summary, *superseded), len(new_events), tuple(changed), tuple(conflicts),
+        tuple(t.task for t in tasks), tuple(task_conflicts), tuple(cycles),
     )
+
+
+def _task_content(task: Task) -> str:
+    """A record's content without its local seq: equal records are not a conflict, and it
+    breaks ties between concurrent changes the same way on both sides."""
+    data = task.to_dict()
+    del data["seq"]
+    return repr(sorted(data.items()))
+
+
+def _merge_queue(ours: State, theirs: State, our_ids: set[str],
+                 their_ids: set[str]) -> tuple[list[Task], list[str]]:
+    """The other registry's work-queue records that this one should take, and the tasks both
+    sides changed since they parted.
+
+    As for claims: when one side has already seen the event that last changed the other's
+    record, its own record is newer and wins. Otherwise both changed the task concurrently and
+    the later change (its time, then its event identity, then its content) is kept whole, the
+    same whichever side merges into which."""
+    taken: list[Task] = []
+    conflicts: list[str] = []
+    for name in sorted(set(ours.tasks.names()) | set(theirs.tasks.names())):
+        a, b = ours.tasks.get(name), theirs.tasks.get(name)
+        if b is None or (a is not None and (b.eid in our_ids or
+                                            _task_content(a) == _task_content(b))):
+            continue  # nothing new from them for this task
+        if a is None or a.eid in their_ids:
+            taken.append(b)
+            continue
+        conflicts.append(name)
+        if (b.changed_at, b.eid, _task_content(b)) > (a.changed_at, a.eid, _task_content(a)):
+            taken.append(b)
+    return taken, conflicts
+
+
+def _cycles_closed(ours: State, taken: list[Task]) -> list[tuple[str, ...]]:
+    """Dependency loops in the merged queue through a record taken from the other side (each
+    side refused loops of its own, but two can close one between them: the tasks in it stay
+    pending until someone changes their dependencies)."""
+    if not taken:
+        return []
+    merged = ours.tasks.copy()
+    for record in taken:
+        merged.put(record, ours.claims)
+    found: dict[frozenset[str], tuple[str, ...]] = {}
+    for record in taken:
+        loop = find_cycle(merged, record.task, record.depends_on)
+        if loop is not None and frozenset(loop) not in found:
+            found[frozenset(loop)] = tuple(loop)
+    return [found[k] for k in sorted(found, key=sorted)]

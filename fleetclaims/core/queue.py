@@ -55,6 +55,10 @@ class Task:
     blocked: str | None = None  # the reason, while blocked
     blocked_by: str | None = None
     seq: int = 0  # last journal seq that changed this record
+    # The identity of the event that last changed this record (the hash it was first sealed
+    # with) and its time: what a merge of two registries compares (see core/merge.py).
+    eid: str = ""
+    changed_at: float = 0.0
 
     @property
     def key(self) -> Key:
@@ -77,6 +81,8 @@ class Task:
             "blocked": self.blocked,
             "blocked_by": self.blocked_by,
             "seq": self.seq,
+            "eid": self.eid,
+            "changed_at": self.changed_at,
         }
         return data
 
@@ -94,6 +100,8 @@ class Task:
             blocked=_opt_str(data.get("blocked")),
             blocked_by=_opt_str(data.get("blocked_by")),
             seq=_int(data.get("seq", 0)),
+            eid=_str(data.get("eid") or ""),
+            changed_at=_float(data.get("changed_at", 0.0)),
         )
 
 
@@ -265,7 +273,8 @@ class TaskTable:
                 yield name, record.to_dict()
 
     def copy(self) -> TaskTable:
-        clone = type(self)()
+        """A detached in-memory copy (of a store's table too, as ClaimTable.copy)."""
+        clone = TaskTable()
         clone._tasks = dict(self._tasks)
         clone._raw = dict(self._raw)
         clone._extra = self._extra
@@ -413,6 +422,7 @@ def apply_task_event(tasks: TaskTable, claims: ClaimTable, kind: str, event: dic
     if kind == BECAME_READY:
         return  # a record for reviewers; readiness itself is derived
     current = tasks.get(name)
+    eid = _str(event.get("ohash") or event["hash"])
     if kind in (TASK_ADDED, TASK_UPDATED):
         record = Task(
             task=name,
@@ -425,14 +435,18 @@ def apply_task_event(tasks: TaskTable, claims: ClaimTable, kind: str, event: dic
             blocked=None if current is None else current.blocked,
             blocked_by=None if current is None else current.blocked_by,
             seq=seq,
+            eid=eid,
+            changed_at=ts,
         )
     elif current is None:
         raise ValueError(f"{kind} for task {name!r} that is not in the queue")
     elif kind == TASK_BLOCKED:
         record = replace(current, blocked=_str(event.get("reason") or "blocked"),
-                         blocked_by=_opt_str(event.get("actor")), seq=seq)
+                         blocked_by=_opt_str(event.get("actor")), seq=seq, eid=eid,
+                         changed_at=ts)
     elif kind == TASK_UNBLOCKED:
-        record = replace(current, blocked=None, blocked_by=None, seq=seq)
+        record = replace(current, blocked=None, blocked_by=None, seq=seq, eid=eid,
+                         changed_at=ts)
     else:  # pragma: no cover - TASK_EVENTS is handled above
         raise ValueError(f"unhandled event type {kind!r}")
     tasks.put(record, claims)

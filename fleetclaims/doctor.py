@@ -10,7 +10,8 @@ Repairs (``fix=True``) never delete data: whatever is replaced is first copied o
 - torn tail: the store's own repair (quarantine the bytes, truncate, record the repair);
 - journal broken in the middle: keep the verified prefix, quarantine the whole original;
 - snapshot ahead of the journal, or journal missing: keep the verified prefix and append a
-  ``registry_rebuilt`` event carrying the snapshot's claim records, quarantining both originals;
+  ``registry_rebuilt`` event carrying the snapshot's claim and work-queue records, quarantining
+  both originals;
 - snapshot damaged or disagreeing with the journal: quarantine it and write a new one.
 """
 
@@ -457,11 +458,14 @@ def _salvage(path: Path, journal: _Journal, snapshot: Snapshot | None,
         fields = {
             "type": ev.REGISTRY_REBUILT, "actor": "doctor",
             "reason": f"the snapshot (seq {recovered.seq} with the lines chained after it) was "
-            f"ahead of the verified journal (seq {state.seq}); its claims are re-recorded",
+            f"ahead of the verified journal (seq {state.seq}); its claims and work queue are "
+            "re-recorded",
             "quarantined": snap_name, "journal_quarantined": original,
             "origin": recovered.origin, "fence_floor": max(recovered.fence, fence_floor),
             "claims": claims,
         }
+        if len(recovered.tasks):
+            fields["tasks"] = [t.to_dict() for t in recovered.tasks.values()]
         obj = envelope(state.seq + 1, time.time(), fields, state.head)
         line, _ = seal(orjson.dumps(obj))
         extra_lines.append(line)

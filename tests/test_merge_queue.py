@@ -1,6 +1,7 @@
-"""Merging registries merges their work queues too: tasks added or changed on one side arrive on
-the other, concurrent changes are settled the same way whichever side merges into which, and
-dependency loops the two sides close between them are reported."""
+"""The work queue through merges and repairs. Merging registries merges their work queues too:
+tasks added or changed on one side arrive on the other, concurrent changes are settled the same
+way whichever side merges into which, and dependency loops the two sides close between them are
+reported. doctor --fix re-records the queue of a snapshot that is ahead of a damaged journal."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetclaims import Registry
+from fleetclaims import Registry, RegistryCorrupt
 from fleetclaims.cli import main
 from fleetclaims.testing import FakeClock, FakeProber
 
@@ -132,3 +133,32 @@ def test_registries_without_a_queue_merge_as_before(tmp_path: Path) -> None:
     plan = a.merge(tmp_path / "b")
     summary = next(e for e in plan.events if e["type"] == "registries_merged")
     assert "tasks" not in summary and plan.tasks_changed == ()
+
+
+def test_doctor_restores_the_queue_of_a_snapshot_ahead_of_the_journal(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """doctor --fix re-records the claims of a snapshot that is ahead of a damaged journal;
+    the snapshot's work queue (tasks, dependencies, blocks) is re-recorded with them."""
+    d = tmp_path / "r"
+    reg = Registry(d)
+    reg.claim("early", owner="o")
+    reg.add("lint")
+    reg.add("ship", depends_on=["lint"], priority=5, labels=["release"])
+    reg.block("lint", reason="flaky runner")
+    reg.store.checkpoint()  # type: ignore[attr-defined]
+    reg.close()
+    journal = d / "audit.jsonl"
+    data = journal.read_bytes().rstrip(b"\0")
+    journal.write_bytes(b"".join(line + b"\n" for line in data.splitlines()[:2]))
+    with pytest.raises(RegistryCorrupt):
+        Registry(d).tasks()
+    assert main(["doctor", "--fix", "--dir", str(d)]) == 0
+    capsys.readouterr()
+    fixed = Registry(d)
+    assert {s.task.task: s.status for s in fixed.tasks()} == {"lint": "blocked",
+                                                             "ship": "pending"}
+    ship = fixed.task("ship").task  # type: ignore[union-attr]
+    assert (ship.depends_on, ship.labels, ship.priority) == (("lint",), ("release",), 5)
+    assert fixed.verify().ok
+    fixed.unblock("lint")
+    assert fixed.claim_next(owner="w").task == "lint"

@@ -264,7 +264,11 @@ class _Packer:
         return entry
 
     def pack(self, task: str, entry: dict[str, Any]) -> dict[str, Any]:
-        packed = {k: v for k, v in entry.items() if k != "task" and not _is_default(k, v)}
+        packed = dict(entry)  # (a copy, then a few deletions: a checkpoint packs every
+        packed.pop("task", None)  # claim changed since the load)
+        for key, default in _PACK_DEFAULTS.items():
+            if key in packed and _same(packed[key], default):
+                del packed[key]
         renewed = packed.get("renewed_at")
         if renewed is not None and _same(renewed, packed.get("claimed_at")):
             del packed["renewed_at"]
@@ -298,10 +302,6 @@ class _Packer:
 def _same(a: Any, b: Any) -> bool:
     """Equal and of one type (1 == 1.0 == True in Python; a packed file must not blur them)."""
     return type(a) is type(b) and a == b
-
-
-def _is_default(key: str, value: Any) -> bool:
-    return key in _PACK_DEFAULTS and _same(value, _PACK_DEFAULTS[key])
 
 
 _UNPACK_BASE: dict[str, Any] = {"task": None, **_PACK_DEFAULTS}

@@ -533,3 +533,22 @@ def test_merge_into_postgres_carries_the_work_queue(pg: str, tmp_path: Path) -> 
         "docs": "ready", "lint": "blocked", "ship": "pending"}
     assert fresh.task("ship").task.depends_on == ("lint",)  # type: ignore[union-attr]
     assert team.merge(tmp_path / "laptop").events == ()
+
+
+def test_claim_next_pages_through_refused_candidates(pg: str) -> None:
+    """On PostgreSQL claim_next reads its candidates a page at a time (16, then 64, ...): with
+    take_stale, a hundred held tasks whose claims are live come first and are each refused; the
+    ready task after them (three pages on) is handed out, and so is a task labelled for the
+    asker."""
+    reg = Registry(pg)
+    for i in range(100):
+        reg.add(f"held-{i:03d}", priority=1)
+    for i in range(100):
+        assert reg.claim_next(owner=f"w{i}", ttl=600) is not None
+    reg.add("zz-last", priority=1)  # same priority, added later: after every held task
+    reg.add("labelled", priority=1, labels=["gpu"])
+    got = reg.claim_next(owner="late", take_stale=True, labels=["gpu"])
+    assert got is not None and got.task == "labelled"
+    got = reg.claim_next(owner="late", take_stale=True)
+    assert got is not None and got.task == "zz-last"
+    assert reg.claim_next(owner="late", take_stale=True) is None

@@ -300,6 +300,13 @@ class TaskTable:
             self._index = index
         return self._index
 
+    def candidates(self, claims: ClaimTable, take_stale: bool,
+                   labels: frozenset[str] = frozenset()) -> Iterator[tuple[Key, bool]]:
+        """(key, held) of the tasks ``claim_next`` may hand out, in hand-out order: the ready
+        ones, merged with the held ones when stale claims may be taken over. ``labels`` is a
+        hint (a store may skip tasks without them); the caller still checks every candidate."""
+        return self.index(claims).candidates(take_stale)
+
     def ready_keys(self, claims: ClaimTable) -> list[Key]:
         """The ready tasks in hand-out order: a copy of the index, or (when it is not built)
         worked out without building it, so a reader outside the store's lock never touches

@@ -536,8 +536,7 @@ def decide_claim_next(
     """Claim the first ready task in hand-out order (priority number, then age, then id) that
     carries every label in ``labels``; with ``take_stale``, a stale claim of an otherwise ready
     task counts as ready. ``result`` is the task claimed, or None when nothing is ready."""
-    index = state.tasks.index(state.claims)
-    for key, held in index.candidates(take_stale):
+    for key, held in state.tasks.candidates(state.claims, take_stale, labels):
         record = state.tasks.get(key[2])
         if record is None or not labels <= set(record.labels):
             continue

@@ -266,9 +266,9 @@ class _Packer:
     def pack(self, task: str, entry: dict[str, Any]) -> dict[str, Any]:
         packed = dict(entry)  # (a copy, then a few deletions: a checkpoint packs every
         packed.pop("task", None)  # claim changed since the load)
-        for key, default in _PACK_DEFAULTS.items():
-            if key in packed and _same(packed[key], default):
-                del packed[key]
+        for name, default in _PACK_DEFAULTS.items():
+            if name in packed and _same(packed[name], default):
+                del packed[name]
         renewed = packed.get("renewed_at")
         if renewed is not None and _same(renewed, packed.get("claimed_at")):
             del packed["renewed_at"]

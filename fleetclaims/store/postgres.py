@@ -348,6 +348,40 @@ class PgTaskTable(_LazyRows, TaskTable):
                 claims._load_all()  # one query, not one per task
         return super().index(claims)
 
+    def candidates(self, claims: ClaimTable, take_stale: bool,
+                   labels: frozenset[str] = frozenset()) -> Iterator[tuple[Key, bool]]:
+        """The candidates from the database, a page at a time, in hand-out order: the server
+        works out readiness with its indexes, so ``claim_next`` does not load the queue (with
+        the whole queue in memory already, the in-memory index is used)."""
+        if self._index is not None or self._complete:
+            return super().candidates(claims, take_stale, labels)
+        return self._candidates_sql(take_stale, labels)
+
+    def _candidates_sql(self, take_stale: bool,
+                        labels: frozenset[str]) -> Iterator[tuple[Key, bool]]:
+        store = self._store
+        sql = store._sql_candidates_stale if take_stale else store._sql_candidates
+        wanted = orjson.dumps(sorted(labels)).decode()
+        after: tuple[Any, ...] = (-(1 << 62), float("-inf"), "")
+        page = 16
+        while True:
+            rows = store._query(sql, (wanted, *after, page))
+            for task, data, held in rows:
+                name = str(task)
+                if not self._in_memory(name):
+                    self._raw[name] = orjson.loads(data)
+                record = self.get(name)
+                if record is None:  # pragma: no cover - the row was just read
+                    continue
+                yield record.key, bool(held)
+            if len(rows) < page:
+                return
+            last = rows[-1]
+            record = self.get(str(last[0]))
+            assert record is not None
+            after = record.key
+            page = min(page * 4, 1024)
+
     def ready_keys(self, claims: ClaimTable) -> list[Key]:
         return list(self.index(claims).ready)
 
@@ -404,6 +438,26 @@ class PostgresStore:
         self._sql_task = f"SELECT data::text FROM {s}.tasks WHERE task = %s"
         self._sql_tasks = f"SELECT task, data::text FROM {s}.tasks ORDER BY task"
         self._sql_dependants = f"SELECT task FROM {s}.tasks WHERE data->'depends_on' ? %s"
+        # claim_next's candidates (queue.TaskTable.candidates): open, not blocked, every
+        # dependency completed, carrying the labels asked for, after the last key seen; held
+        # ones (a live claim) only with take_stale. Ordered as Python orders Key: priority,
+        # added_at, then the id by code point (COLLATE "C": byte order, the same in UTF-8).
+        key = ("(t.data->>'priority')::bigint, (t.data->>'added_at')::float8, "
+               't.task COLLATE "C"')
+        candidates = (
+            f"SELECT t.task, t.data::text, c.state IN ('active', 'expired') "
+            f"FROM {s}.tasks t LEFT JOIN {s}.claims c ON c.task = t.task "
+            "WHERE jsonb_typeof(t.data->'blocked') IS DISTINCT FROM 'string' "
+            "AND c.state IS DISTINCT FROM 'completed' {held} "
+            "AND coalesce(t.data->'labels', '[]'::jsonb) @> %s::jsonb "
+            "AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(t.data->'depends_on') d "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {s}.claims u WHERE u.task = d.value "
+            "AND u.state = 'completed')) "
+            f"AND ({key}) > (%s, %s, %s COLLATE \"C\") ORDER BY {key} LIMIT %s"
+        )
+        self._sql_candidates = candidates.replace(
+            "{held}", "AND coalesce(c.state NOT IN ('active', 'expired'), true)")
+        self._sql_candidates_stale = candidates.replace("{held}", "")
         self._sql_task_upsert = (
             f"INSERT INTO {s}.tasks (task, seq, data) VALUES (%s, %s, %s::jsonb) "
             "ON CONFLICT (task) DO UPDATE SET seq = EXCLUDED.seq, data = EXCLUDED.data"

@@ -407,3 +407,22 @@ def test_postgres_schema_1_is_upgraded_to_the_queue_schema(postgres_url: str) ->
     assert reg.store.schema_version() == SCHEMA_VERSION == 2  # type: ignore[attr-defined]
     assert reg.verify().ok
     reg.close()
+
+
+@pytest.mark.parametrize("record", [
+    queue.Task("plain", added_at=5.0, seq=3, eid="e" * 64, changed_at=5.0),
+    queue.Task("full", priority=7, depends_on=("a", "b"), labels=("gpu",), note="n",
+               added_at=5.0, added_by="alice", blocked="waiting", blocked_by="bob", seq=9,
+               eid="f" * 64, changed_at=8.5),
+    queue.Task("odd", priority=0, added_at=0.0, changed_at=0.0),
+    queue.Task("legacy", added_at=3.0, changed_at=3.0),
+])
+def test_compact_task_records_round_trip(record: queue.Task) -> None:
+    """The snapshot's compact task record rebuilds exactly the same task, and leaves out what
+    is at its default (a queue of 10,000 tasks is re-encoded at every checkpoint)."""
+    compact = record.to_dict(compact=True)
+    assert queue.Task.from_dict(compact) == record
+    assert queue.Task.from_dict(record.to_dict()) == record
+    assert len(compact) <= len(record.to_dict())
+    if record.task == "plain":
+        assert set(compact) == {"task", "added_at", "seq", "eid"}

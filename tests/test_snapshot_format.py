@@ -225,3 +225,20 @@ def _claim(i: int) -> Any:
     return Claim(task=f"task-{i:05d}", owner="o", fence=i + 1, token_hash="h" * 64,
                  claimed_at=1.0 + i, renewed_at=1.0 + i, expires_at=100.0 + i, ttl=99.0,
                  eid="e" * 64, seq=i + 2, note="n" * 200)
+
+
+def test_large_snapshot_loads_when_no_thread_can_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At interpreter shutdown no thread starts: a large snapshot is then hashed inline."""
+    import threading
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    state = State()
+    for i in range(4000):
+        state.claims[f"task-{i:05d}"] = _claim(i)
+    data = encode_snapshot(state, 0)
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    assert len(decode_snapshot(data).state.claims) == 4000
+    with pytest.raises(SnapshotError, match="checksum"):
+        decode_snapshot(data[:100] + b"X" + data[101:])

@@ -342,8 +342,11 @@ def decode_snapshot(data: bytes) -> Snapshot:
     hasher = None
     if cut >= _PARALLEL_HASH_MIN:
         hasher = threading.Thread(target=digest.update, args=(body,), daemon=True)
-        hasher.start()
-    else:
+        try:
+            hasher.start()
+        except RuntimeError:  # no new threads (interpreter shutdown): hash here instead
+            hasher = None
+    if hasher is None:
         digest.update(body)
     try:
         # The whole file is the body plus one last member (the checksum, 64 hex digits), so

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -398,14 +399,64 @@ def test_postgres_schema_1_is_upgraded_to_the_queue_schema(postgres_url: str) ->
     old.claim("legacy", owner="a")
     old.close()
     with psycopg.connect(postgres_url, autocommit=True) as conn:
+        _downgrade_to_2(conn, schema)
         conn.execute(f"DROP TABLE {schema}.tasks")
         conn.execute(f"DELETE FROM {schema}.schema_version WHERE version > 1")
     reg = Registry(postgres_url, schema=schema)
     assert reg.get("legacy") is not None
     reg.add("new", depends_on=["legacy"])
     assert reg.task("new").status == "pending"  # type: ignore[union-attr]
-    assert reg.store.schema_version() == SCHEMA_VERSION == 2  # type: ignore[attr-defined]
+    assert reg.store.schema_version() == SCHEMA_VERSION == 3  # type: ignore[attr-defined]
     assert reg.verify().ok
+    reg.close()
+
+
+def _downgrade_to_2(conn: Any, schema: str) -> None:
+    """Undo schema 3 (what an earlier fleetclaims left behind)."""
+    conn.execute(f"DROP TRIGGER task_done ON {schema}.claims")
+    conn.execute(f"DROP TRIGGER task_added ON {schema}.tasks")
+    conn.execute(f"DROP FUNCTION {schema}.task_done()")
+    conn.execute(f"DROP FUNCTION {schema}.task_added()")
+    conn.execute(f"DROP INDEX {schema}.tasks_open")
+    conn.execute(f"ALTER TABLE {schema}.tasks DROP COLUMN done")
+    conn.execute(f"DELETE FROM {schema}.schema_version WHERE version > 2")
+
+
+@pytest.mark.postgres
+def test_postgres_schema_2_is_upgraded_and_knows_which_tasks_are_done(
+        postgres_url: str) -> None:
+    """Schema 3 marks each queued task done when its claim is completed (the index claim_next
+    walks covers open tasks only): the upgrade works it out for the tasks already there, and
+    the claims table keeps it up to date from then on (completion, reopening, a task queued
+    after its claim was completed)."""
+    import psycopg
+
+    schema = "t_upgrade_v2"
+    reg = Registry(postgres_url, schema=schema)
+    for name in ("a", "b", "c"):
+        reg.add(name)
+    done = reg.claim_next(owner="w")
+    assert done is not None and done.task == "a"
+    reg.complete("a", token=done.token or "")
+    reg.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        _downgrade_to_2(conn, schema)
+    reg = Registry(postgres_url, schema=schema)
+    nxt = reg.claim_next(owner="w")  # upgrades first: "a" is known to be done
+    assert nxt is not None and nxt.task == "b"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        flags = dict(conn.execute(f"SELECT task, done FROM {schema}.tasks").fetchall())
+    assert flags == {"a": True, "b": False, "c": False}
+    reg.complete("b", token=nxt.token or "")
+    reg.reopen("a", reason="flaky")
+    early = reg.claim("z", owner="w")
+    reg.complete("z", token=early.token or "")
+    reg.add("z")  # queued after its claim was completed: done from the start
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        flags = dict(conn.execute(f"SELECT task, done FROM {schema}.tasks").fetchall())
+    assert flags == {"a": False, "b": True, "c": False, "z": True}
+    assert [reg.claim_next(owner="w").task for _ in range(2)] == ["a", "c"]  # type: ignore[union-attr]
+    assert reg.claim_next(owner="w") is None
     reg.close()
 
 

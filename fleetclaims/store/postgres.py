@@ -62,7 +62,7 @@ from .base import Decide, VerifyReport
 from .faults import crash_point
 from .journal import apply_checked, check_link, parse_line
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_SCHEMA = "fleetclaims"
 SCHEMA_ENV = "FLEETCLAIMS_PG_SCHEMA"
 PAGE = 2000  # audit rows fetched per round trip when streaming the journal
@@ -138,7 +138,38 @@ def _migrations(s: str) -> dict[int, list[str]]:
             # completing a task looks up its dependants without loading the whole queue
             f"CREATE INDEX tasks_depends_on ON {s}.tasks USING gin ((data->'depends_on'))",
         ],
+        3: [  # claim_next walks the open tasks in hand-out order instead of sorting them all
+            f"ALTER TABLE {s}.tasks ADD COLUMN done boolean NOT NULL DEFAULT false",
+            f"UPDATE {s}.tasks t SET done = EXISTS (SELECT 1 FROM {s}.claims c "
+            "WHERE c.task = t.task AND c.state = 'completed')",
+            f"CREATE INDEX tasks_open ON {s}.tasks ({_TASK_KEY}) WHERE NOT done",
+            # A task is done when its claim is completed: kept by the claims table itself, so
+            # no writer (of any version of this schema) can forget it.
+            f"""CREATE FUNCTION {s}.task_done() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                UPDATE {s}.tasks SET done = (NEW.state = 'completed')
+                 WHERE task = NEW.task AND done IS DISTINCT FROM (NEW.state = 'completed');
+                RETURN NULL;
+            END $$""",
+            f"CREATE TRIGGER task_done AFTER INSERT OR UPDATE OF state ON {s}.claims "
+            f"FOR EACH ROW EXECUTE FUNCTION {s}.task_done()",
+            f"""CREATE FUNCTION {s}.task_added() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                NEW.done := EXISTS (SELECT 1 FROM {s}.claims c
+                                     WHERE c.task = NEW.task AND c.state = 'completed');
+                RETURN NEW;
+            END $$""",
+            f"CREATE TRIGGER task_added BEFORE INSERT ON {s}.tasks "
+            f"FOR EACH ROW EXECUTE FUNCTION {s}.task_added()",
+        ],
     }
+
+
+# A task's place in hand-out order (queue.Key: priority, added_at, then the id by code point;
+# COLLATE "C" is byte order, the same as code point order in UTF-8). The same expressions in
+# the index and in the query, so the server walks the index.
+_TASK_KEY = ("((data->>'priority')::bigint), ((data->>'added_at')::float8), "
+             '(task COLLATE "C")')
 
 
 def parse_location(url: str, schema: str | None = None) -> tuple[str, str, str]:
@@ -360,26 +391,22 @@ class PgTaskTable(_LazyRows, TaskTable):
     def _candidates_sql(self, take_stale: bool,
                         labels: frozenset[str]) -> Iterator[tuple[Key, bool]]:
         store = self._store
-        sql = store._sql_candidates_stale if take_stale else store._sql_candidates
         wanted = orjson.dumps(sorted(labels)).decode()
-        after: tuple[Any, ...] = (-(1 << 62), float("-inf"), "")
+        after: Key = (-(1 << 62), float("-inf"), "")
         page = 16
         while True:
-            rows = store._query(sql, (wanted, *after, page))
-            for task, data, held in rows:
-                name = str(task)
-                if not self._in_memory(name):
-                    self._raw[name] = orjson.loads(data)
-                record = self.get(name)
-                if record is None:  # pragma: no cover - the row was just read
+            rows = store._query(store._sql_candidates, (wanted, *after, page))
+            for task, data, held, ready, priority, added_at in rows:
+                after = (int(priority), float(added_at), str(task))
+                if not ready or (held and not take_stale):
                     continue
-                yield record.key, bool(held)
+                if not self._in_memory(after[2]):
+                    self._raw[after[2]] = orjson.loads(data)
+                record = self.get(after[2])
+                if record is not None:
+                    yield record.key, bool(held)
             if len(rows) < page:
                 return
-            last = rows[-1]
-            record = self.get(str(last[0]))
-            assert record is not None
-            after = record.key
             page = min(page * 4, 1024)
 
     def ready_keys(self, claims: ClaimTable) -> list[Key]:
@@ -438,26 +465,26 @@ class PostgresStore:
         self._sql_task = f"SELECT data::text FROM {s}.tasks WHERE task = %s"
         self._sql_tasks = f"SELECT task, data::text FROM {s}.tasks ORDER BY task"
         self._sql_dependants = f"SELECT task FROM {s}.tasks WHERE data->'depends_on' ? %s"
-        # claim_next's candidates (queue.TaskTable.candidates): open, not blocked, every
-        # dependency completed, carrying the labels asked for, after the last key seen; held
-        # ones (a live claim) only with take_stale. Ordered as Python orders Key: priority,
-        # added_at, then the id by code point (COLLATE "C": byte order, the same in UTF-8).
-        key = ("(t.data->>'priority')::bigint, (t.data->>'added_at')::float8, "
-               't.task COLLATE "C"')
-        candidates = (
-            f"SELECT t.task, t.data::text, c.state IN ('active', 'expired') "
-            f"FROM {s}.tasks t LEFT JOIN {s}.claims c ON c.task = t.task "
-            "WHERE jsonb_typeof(t.data->'blocked') IS DISTINCT FROM 'string' "
-            "AND c.state IS DISTINCT FROM 'completed' {held} "
+        # claim_next's candidates (queue.TaskTable.candidates): the open tasks (not done) after
+        # the last key seen, in hand-out order, a page at a time: the server walks the index
+        # tasks_open and stops at the page's end. For each, whether a live claim holds it and
+        # whether it is otherwise ready (not blocked, every dependency completed, the labels
+        # asked for); the caller skips the rest but pages on from the last task walked.
+        inner = _TASK_KEY
+        outer = _TASK_KEY.replace("data->", "t.data->").replace("(task ", "(t.task ")
+        self._sql_candidates = (
+            "SELECT t.task, t.data::text, coalesce(c.state IN ('active', 'expired'), false), "
+            "jsonb_typeof(t.data->'blocked') IS DISTINCT FROM 'string' "
+            "AND c.state IS DISTINCT FROM 'completed' "
             "AND coalesce(t.data->'labels', '[]'::jsonb) @> %s::jsonb "
             "AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(t.data->'depends_on') d "
             f"WHERE NOT EXISTS (SELECT 1 FROM {s}.claims u WHERE u.task = d.value "
-            "AND u.state = 'completed')) "
-            f"AND ({key}) > (%s, %s, %s COLLATE \"C\") ORDER BY {key} LIMIT %s"
+            "AND u.state = 'completed')), "
+            "(t.data->>'priority')::bigint, (t.data->>'added_at')::float8 "
+            f"FROM (SELECT task, data FROM {s}.tasks WHERE NOT done "
+            f"AND ({inner}) > (%s, %s, %s COLLATE \"C\") ORDER BY {inner} LIMIT %s) t "
+            f"LEFT JOIN {s}.claims c ON c.task = t.task ORDER BY {outer}"
         )
-        self._sql_candidates = candidates.replace(
-            "{held}", "AND coalesce(c.state NOT IN ('active', 'expired'), true)")
-        self._sql_candidates_stale = candidates.replace("{held}", "")
         self._sql_task_upsert = (
             f"INSERT INTO {s}.tasks (task, seq, data) VALUES (%s, %s, %s::jsonb) "
             "ON CONFLICT (task) DO UPDATE SET seq = EXCLUDED.seq, data = EXCLUDED.data"

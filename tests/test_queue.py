@@ -414,6 +414,7 @@ def test_postgres_schema_1_is_upgraded_to_the_queue_schema(postgres_url: str) ->
 def _downgrade_to_2(conn: Any, schema: str) -> None:
     """Undo schema 3 (what an earlier fleetclaims left behind)."""
     conn.execute(f"DROP TRIGGER task_done ON {schema}.claims")
+    conn.execute(f"DROP TRIGGER task_undone ON {schema}.claims")
     conn.execute(f"DROP TRIGGER task_added ON {schema}.tasks")
     conn.execute(f"DROP FUNCTION {schema}.task_done()")
     conn.execute(f"DROP FUNCTION {schema}.task_added()")

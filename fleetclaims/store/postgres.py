@@ -151,8 +151,14 @@ def _migrations(s: str) -> dict[int, list[str]]:
                  WHERE task = NEW.task AND done IS DISTINCT FROM (NEW.state = 'completed');
                 RETURN NULL;
             END $$""",
-            f"CREATE TRIGGER task_done AFTER INSERT OR UPDATE OF state ON {s}.claims "
-            f"FOR EACH ROW EXECUTE FUNCTION {s}.task_done()",
+            # (fired only when a claim becomes or stops being completed: claim and release,
+            # the operations most often run, pay nothing)
+            f"CREATE TRIGGER task_done AFTER INSERT ON {s}.claims FOR EACH ROW "
+            f"WHEN (NEW.state = 'completed') EXECUTE FUNCTION {s}.task_done()",
+            f"CREATE TRIGGER task_undone AFTER UPDATE OF state ON {s}.claims FOR EACH ROW "
+            "WHEN (OLD.state IS DISTINCT FROM NEW.state AND "
+            "(OLD.state = 'completed' OR NEW.state = 'completed')) "
+            f"EXECUTE FUNCTION {s}.task_done()",
             f"""CREATE FUNCTION {s}.task_added() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN
                 NEW.done := EXISTS (SELECT 1 FROM {s}.claims c

@@ -392,6 +392,12 @@ def _check_snapshot(path: Path, journal: _Journal, snapshot: Snapshot | None,
 # --- repairs ---------------------------------------------------------------------------------
 
 
+def _sealed_line(seq: int, fields: dict[str, Any], prev: str) -> bytes:
+    """One journal line for an event doctor records itself, chained after ``prev``."""
+    line, _ = seal(orjson.dumps(envelope(seq, time.time(), fields, prev)))
+    return line
+
+
 def _salvage(path: Path, journal: _Journal, snapshot: Snapshot | None,
              report: DoctorReport) -> None:
     """Keep the verified prefix; re-record a snapshot that is ahead; quarantine originals."""
@@ -433,9 +439,7 @@ def _salvage(path: Path, journal: _Journal, snapshot: Snapshot | None,
             "journal_quarantined": original, "fence_floor": fence_floor,
             "claims": [], "lost_claims": lost_claims[:1000],
         }
-        obj = envelope(state.seq + 1, time.time(), fields, state.head)
-        line, _ = seal(orjson.dumps(obj))
-        extra_lines.append(line)
+        extra_lines.append(_sealed_line(state.seq + 1, fields, state.head))
         if lost_claims:
             shown = ", ".join(f"{c['task']} ({c['owner']}, fence {c['fence']}, {c['state']})"
                               for c in lost_claims[:10])
@@ -450,9 +454,7 @@ def _salvage(path: Path, journal: _Journal, snapshot: Snapshot | None,
             "reason": "the journal was missing and no snapshot could restore it: a new journal "
             "starts here; claims held before are not known to this registry", "claims": [],
         }
-        obj = envelope(1, time.time(), fields, state.head)
-        line, _ = seal(orjson.dumps(obj))
-        extra_lines.append(line)
+        extra_lines.append(_sealed_line(1, fields, state.head))
     if snap_name is not None and recovered is not None:
         claims = [Claim.to_dict(c) for c in recovered.claims.values()]
         fields = {
@@ -466,9 +468,7 @@ def _salvage(path: Path, journal: _Journal, snapshot: Snapshot | None,
         }
         if len(recovered.tasks):
             fields["tasks"] = [t.to_dict() for t in recovered.tasks.values()]
-        obj = envelope(state.seq + 1, time.time(), fields, state.head)
-        line, _ = seal(orjson.dumps(obj))
-        extra_lines.append(line)
+        extra_lines.append(_sealed_line(state.seq + 1, fields, state.head))
     new = prefix + b"".join(extra_lines)
     tmp = path / f"{DOCTOR_TMP}{os.getpid()}-{secrets.token_hex(4)}"
     fd = fsutil.open_file(tmp, os.O_WRONLY | os.O_EXCL, create=True)

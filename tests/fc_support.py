@@ -5,9 +5,11 @@ Kept free of pytest fixtures so the stress scripts in ``stress/`` can import it 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +115,19 @@ def append_raw(path: Path, data: bytes) -> None:
 def strip_preallocation(path: Path) -> None:
     """Rewrite a journal without its preallocated zero space (a valid journal too)."""
     path.write_bytes(path.read_bytes().split(b"\0", 1)[0])
+
+
+def run_workers(ctx: Any, target: Callable[..., None], tmp_path: Path, n: int,
+                args: Callable[[int, str], tuple[Any, ...]],
+                timeout: float) -> list[list[tuple[Any, ...]]]:
+    """Run ``n`` worker processes of ``target`` at once (worker ``i`` gets ``args(i, log)``,
+    ``log`` the file where it writes the operations it saw acknowledged, as a JSON list), wait
+    for each to exit cleanly, and return each worker's acknowledged operations."""
+    logs = [str(tmp_path / f"w{i}.json") for i in range(n)]
+    procs = [ctx.Process(target=target, args=args(i, logs[i])) for i in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+        assert p.exitcode == 0, f"a worker exited with {p.exitcode}"
+    return [[tuple(a) for a in json.loads(Path(log).read_text())] for log in logs]

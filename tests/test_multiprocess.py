@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fc_support import run_workers
 from oracle import check, operations, read_journal
 
 from fleetclaims import ClaimConflict, FleetclaimsError, Registry, TaskCompleted
@@ -63,18 +64,9 @@ def test_four_processes_oracle(tmp_path: Path) -> None:
     Registry(directory).stats()
     n, ops = 4, 300
     barrier = CTX.Barrier(n)
-    procs = [
-        CTX.Process(target=_worker, args=(str(directory), f"w{i}", ops, 20, i,
-                                          str(tmp_path / f"w{i}.json"), barrier))
-        for i in range(n)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
-    acked = sorted(tuple(a) for i in range(n)
-                   for a in json.loads((tmp_path / f"w{i}.json").read_text()))
+    acked = sorted(a for w in run_workers(
+        CTX, _worker, tmp_path, n,
+        lambda i, log: (str(directory), f"w{i}", ops, 20, i, log, barrier), 120) for a in w)
     events = read_journal(directory)
     report = check(events)
     recorded = operations(events)

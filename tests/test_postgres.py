@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from fc_support import run_workers
 from oracle import check, operations
 from pg_server import PgServer, start_server
 
@@ -340,16 +341,9 @@ def test_multiprocess_oracle_as_different_hosts(pg: str, tmp_path: Path) -> None
     Registry(pg).stats()
     n, ops = 4, 100
     start = CTX.Barrier(n)
-    procs = [CTX.Process(target=_oracle_worker,
-                         args=(pg, f"host{i}", ops, 1000 + i, str(tmp_path / f"w{i}.json"), start))
-             for i in range(n)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(90)
-        assert p.exitcode == 0
-    acked = sorted(tuple(a) for i in range(n)
-                   for a in json.loads((tmp_path / f"w{i}.json").read_text()))
+    acked = sorted(a for w in run_workers(
+        CTX, _oracle_worker, tmp_path, n,
+        lambda i, log: (pg, f"host{i}", ops, 1000 + i, log, start), 90) for a in w)
     with Registry(pg) as reg:
         events = _events(reg)
         report = check(events)

@@ -10,6 +10,7 @@ import random
 import time
 from pathlib import Path
 
+from fc_support import run_workers
 from oracle import check, read_journal
 
 from fleetclaims import Registry
@@ -60,19 +61,11 @@ def test_six_workers_drain_a_dependency_graph(tmp_path: Path) -> None:
     for name in names:
         reg.add(name, depends_on=graph[name], priority=random.Random(name).randrange(3))
     barrier = CTX.Barrier(WORKERS)
-    procs = [CTX.Process(target=_worker, args=(str(directory), f"w{i}",
-                                               str(tmp_path / f"w{i}.json"), barrier))
-             for i in range(WORKERS)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(150)
-        assert p.exitcode == 0
-    acked = [tuple(x) for i in range(WORKERS)
-             for x in json.loads((tmp_path / f"w{i}.json").read_text())]
+    per_worker = run_workers(CTX, _worker, tmp_path, WORKERS,
+                             lambda i, log: (str(directory), f"w{i}", log, barrier), 150)
+    acked = [a for w in per_worker for a in w]
     assert sorted(t for t, _ in acked) == sorted(graph)  # each task done once, by one worker
-    assert len({w for w in range(WORKERS) if json.loads((tmp_path / f"w{w}.json").read_text())}) \
-        > 1, "the work was not shared"
+    assert sum(1 for w in per_worker if w) > 1, "the work was not shared"
 
     events = read_journal(directory)
     report = check(events)  # no overlapping holders, fences increasing, chain intact

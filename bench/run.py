@@ -277,7 +277,7 @@ def populate_fc(path: str, n: int) -> float:
 
 def checkpoint_policy() -> tuple[int, int]:
     try:
-        from fleetclaims.store import file as fstore
+        from fleetclaims.store.file import store as fstore
 
         return int(fstore.CHECKPOINT_MIN_TAIL), int(fstore.CHECKPOINT_DIVISOR)
     except (ImportError, AttributeError):

@@ -1,5 +1,5 @@
 """``python -m fleetclaims`` runs the command line."""
 
-from .console import run
+from .cli.console import run
 
 run()

@@ -121,14 +121,14 @@ class Registry:
         else:
             location = resolve(path)
             if is_url(location):
-                from .store.postgres import PostgresStore
+                from .store.postgres.store import PostgresStore
 
                 self.store = PostgresStore(
                     location, clock=self.clock, durability=durability,
                     lock_timeout=lock_timeout, schema=schema,
                 )
             else:
-                from .store.file import FileStore
+                from .store.file.store import FileStore
 
                 self.store = FileStore(
                     location, clock=self.clock, durability=durability,

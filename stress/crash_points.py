@@ -23,7 +23,7 @@ def main() -> int:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          str(ROOT / "tests" / "test_crash_points.py")], env=env, cwd=ROOT, check=False)
-    from fleetclaims.store.faults import CRASH_POINTS
+    from fleetclaims.store.file.faults import CRASH_POINTS
 
     elapsed = time.monotonic() - started
     print(f"crash points: {len(CRASH_POINTS)} points x {runs} runs each, {elapsed:.1f}s, "

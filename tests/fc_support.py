@@ -17,7 +17,7 @@ import orjson
 
 from fleetclaims.core import events as ev
 from fleetclaims.core.model import State
-from fleetclaims.store.journal import apply_checked, iter_lines, parse_line
+from fleetclaims.store.file.journal import apply_checked, iter_lines, parse_line
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from fleetclaims import Registry
-from fleetclaims.brief import SHOWN, build, render
+from fleetclaims.agents.brief import SHOWN, build, render
 from fleetclaims.testing import FakeClock
 
 

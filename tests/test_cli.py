@@ -372,7 +372,7 @@ def test_console_exit_flushes_everything_and_keeps_exit_codes(tmp_path: Path) ->
     assert proc.returncode == 0 and len(json.loads(proc.stdout)) == 3000
     proc = cli(tmp_path / "r", "claim", "task-7", "--owner", "b")
     assert proc.returncode == 3 and "task-7" in proc.stderr and "held by" in proc.stderr
-    code = ("import atexit, sys; from fleetclaims import console; f = open(sys.argv[1], 'w'); "
+    code = ("import atexit, sys; from fleetclaims.cli import console; f = open(sys.argv[1], 'w'); "
             "f.write('buffered'); atexit.register(f.close); "
             "sys.argv[1:] = ['stats']; console.run()")
     note = tmp_path / "log.txt"
@@ -396,13 +396,13 @@ def test_console_exit_flushes_everything_and_keeps_exit_codes(tmp_path: Path) ->
 ])
 def test_console_keeps_the_usual_collector_only_for_long_commands(
         argv: list[str], collect: bool) -> None:
-    from fleetclaims.console import needs_collector
+    from fleetclaims.cli.console import needs_collector
 
     assert needs_collector(argv) is collect
 
 
 def test_console_runs_short_commands_with_a_rare_cyclic_collector(tmp_path: Path) -> None:
-    code = ("import atexit, gc, sys; from fleetclaims import console; "
+    code = ("import atexit, gc, sys; from fleetclaims.cli import console; "
             "usual = gc.get_threshold()[0]; "
             "atexit.register(lambda: print('gc', gc.isenabled(), gc.get_threshold()[0] == usual)); "
             "sys.argv[1:] = sys.argv[2:]; console.run()")

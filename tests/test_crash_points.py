@@ -30,7 +30,7 @@ from fc_support import (
 
 import fleetclaims
 from fleetclaims.core import events as ev
-from fleetclaims.store.faults import CRASH_POINTS
+from fleetclaims.store.file.faults import CRASH_POINTS
 
 RUNS_CI = 5
 RUNS_LONG = 50
@@ -41,7 +41,7 @@ RUNS = int(os.environ.get("FLEETCLAIMS_CRASH_RUNS", RUNS_LONG if LONG else RUNS_
 CHILD = r"""
 import json, sys
 import fleetclaims
-import fleetclaims.store.file as sf
+import fleetclaims.store.file.store as sf
 sf.CHECKPOINT_MIN_TAIL = int(sys.argv[3])
 sf.CHECKPOINT_DIVISOR = 1000
 from fc_plan import plan

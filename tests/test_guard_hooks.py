@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fleetclaims import Registry
-from fleetclaims.hooks import CHAINED_SUFFIX, script
+from fleetclaims.agents.hooks import CHAINED_SUFFIX, script
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 

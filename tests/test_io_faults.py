@@ -26,10 +26,10 @@ from fc_support import (
 )
 
 import fleetclaims
-import fleetclaims.store.file as sf
+import fleetclaims.store.file.store as sf
 from fleetclaims import DurabilityError, FleetclaimsError
 from fleetclaims.core import events as ev
-from fleetclaims.store import faults
+from fleetclaims.store.file import faults
 
 CALLS = ("write", "fsync", "fdatasync", "replace", "ftruncate", "open")
 ERRNOS = {

@@ -12,8 +12,8 @@ from fc_support import journal_lines
 
 import fleetclaims
 from fleetclaims import DurabilityError, Registry
-from fleetclaims.store import faults
-from fleetclaims.store.file import PREALLOCATE
+from fleetclaims.store.file import faults
+from fleetclaims.store.file.store import PREALLOCATE
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +38,7 @@ def test_journal_is_preallocated_with_zeros(tmp_path: Path) -> None:
 
 def test_preallocation_grows_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """When the data reaches the end of the zero space, another chunk is added."""
-    monkeypatch.setattr(fleetclaims.store.file, "PREALLOCATE", 4096)
+    monkeypatch.setattr(fleetclaims.store.file.store, "PREALLOCATE", 4096)
     reg = Registry(tmp_path / "r", durability="process")
     for i in range(40):
         reg.claim(f"task-{i}", owner="a")
@@ -114,7 +114,7 @@ def test_generation_bump_makes_open_handles_reload(tmp_path: Path) -> None:
     os.replace(fresh / "audit.jsonl", d / "audit.jsonl")
     if (d / "claims.json").exists():
         os.unlink(d / "claims.json")
-    from fleetclaims.store.lock import bump_generation_at
+    from fleetclaims.store.file.lock import bump_generation_at
 
     bump_generation_at(d / "claims.lock")
     assert other.get("t1") is None and other.get("only-in-fresh") is not None
@@ -155,7 +155,8 @@ def test_no_stat_of_the_journal_between_writes(tmp_path: Path,
 def test_deleted_journal_is_damage_not_an_empty_registry(tmp_path: Path) -> None:
     """A registry whose journal vanished (and which has no snapshot yet) reports damage
     instead of starting over silently; doctor --fix records the loss and starts anew."""
-    from fleetclaims import RegistryCorrupt, doctor
+    from fleetclaims import RegistryCorrupt
+    from fleetclaims.store.file import doctor
 
     d = tmp_path / "r"
     Registry(d).claim("t1", owner="a")
@@ -175,7 +176,7 @@ def test_doctor_never_reissues_a_fence_and_names_lost_claims(tmp_path: Path) -> 
     """A byte flipped mid-journal: doctor --fix keeps the verified prefix, names the claims
     recorded after the break that it could not restore, and new grants get fences above every
     fence handed out before (a holder of a lost claim is fenced out)."""
-    from fleetclaims import doctor
+    from fleetclaims.store.file import doctor
 
     d = tmp_path / "r"
     reg = Registry(d)

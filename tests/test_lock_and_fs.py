@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import fleetclaims
-import fleetclaims.store.file as sf
+import fleetclaims.store.file.store as sf
 from fleetclaims import RegistryBusy, UnsafeRegistry
 from fleetclaims.system import mount_of, unsafe_filesystem
 
@@ -24,7 +24,7 @@ from fleetclaims.system import mount_of, unsafe_filesystem
 HOLDER = r"""
 import os, signal, sys
 import fleetclaims
-from fleetclaims.store.faults import set_crash_hook
+from fleetclaims.store.file.faults import set_crash_hook
 reg = fleetclaims.Registry(sys.argv[1])
 reg.claim("warm-up", owner="holder", ttl=600)
 def freeze(point):

@@ -37,9 +37,9 @@ from fleetclaims import (
 from fleetclaims.core import events as ev
 from fleetclaims.core.liveness import LocalFacts, decide_liveness
 from fleetclaims.core.model import State
-from fleetclaims.migrate import copy_registry
-from fleetclaims.store import faults
-from fleetclaims.store.postgres import SCHEMA_VERSION, PostgresStore, parse_location
+from fleetclaims.review.migrate import copy_registry
+from fleetclaims.store.file import faults
+from fleetclaims.store.postgres.store import SCHEMA_VERSION, PostgresStore, parse_location
 
 pytestmark = pytest.mark.postgres
 CTX = multiprocessing.get_context("spawn")

@@ -246,7 +246,7 @@ def test_queue_survives_reopen_and_checkpoint(tmp_path: object, clock: FakeClock
                                               prober: FakeProber) -> None:
     from pathlib import Path
 
-    from fleetclaims.store.file import FileStore
+    from fleetclaims.store.file.store import FileStore
 
     directory = Path(str(tmp_path)) / "reg"
     reg = Registry(directory, clock=clock, prober=prober, durability="process")
@@ -392,7 +392,7 @@ def test_postgres_schema_1_is_upgraded_to_the_queue_schema(postgres_url: str) ->
     use, keeping its claims and journal."""
     import psycopg
 
-    from fleetclaims.store.postgres import SCHEMA_VERSION
+    from fleetclaims.store.postgres.store import SCHEMA_VERSION
 
     schema = "t_upgrade_v1"
     old = Registry(postgres_url, schema=schema)

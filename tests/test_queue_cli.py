@@ -10,7 +10,7 @@ from test_cli import cli, run_cli
 
 from fleetclaims import Registry
 from fleetclaims.core.queue import queue_times
-from fleetclaims.report import render_html
+from fleetclaims.review.report import render_html
 
 
 def test_queue_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from fleetclaims import Registry, report
+from fleetclaims import Registry
 from fleetclaims.core.model import Claim, Now
 from fleetclaims.errors import ClaimConflict
+from fleetclaims.review import report
 
 T0 = 1_700_000_000.0
 EVIL = 'dead <script>alert("x")</script> & \'quoted\' "owner"'

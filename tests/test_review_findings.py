@@ -29,11 +29,11 @@ import pytest
 from fc_support import events_of
 
 import fleetclaims
-import fleetclaims.store.file as sf
-import fleetclaims.store.lock as lock_mod
+import fleetclaims.store.file.lock as lock_mod
+import fleetclaims.store.file.store as sf
 from fleetclaims import DurabilityError, RegistryBusy
-from fleetclaims.store import faults
-from fleetclaims.store.lock import RegistryLock, bump_generation_at
+from fleetclaims.store.file import faults
+from fleetclaims.store.file.lock import RegistryLock, bump_generation_at
 
 
 @pytest.fixture(autouse=True)

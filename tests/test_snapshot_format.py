@@ -16,7 +16,7 @@ from fc_support import journal_lines, replay
 from fleetclaims import Registry
 from fleetclaims.cli import main
 from fleetclaims.core.model import State
-from fleetclaims.store.journal import (
+from fleetclaims.store.file.journal import (
     SnapshotClaims,
     SnapshotError,
     decode_snapshot,
@@ -198,7 +198,7 @@ def test_identity_number_out_of_range_stays_damage() -> None:
 def test_large_snapshot_checksum_and_parse_errors(tmp_path: Path) -> None:
     """Snapshots above 1 MiB are hashed on a second thread while they are parsed: they must be
     checked just as strictly (a flipped byte, a checksum over invalid JSON)."""
-    from fleetclaims.store import journal
+    from fleetclaims.store.file import journal
 
     state = State()
     for i in range(4000):

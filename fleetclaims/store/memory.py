@@ -15,7 +15,7 @@ from ..core.model import State
 from ..core.rules import Decision
 from ..system import Clock
 from .base import Decide, VerifyReport
-from .journal import parse_line
+from .file.journal import parse_line
 
 
 class MemoryStore:

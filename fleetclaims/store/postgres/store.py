@@ -45,22 +45,22 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import orjson
 import psycopg
 
-from ..core import events as ev
-from ..core.chain import ChainError, envelope, seal
-from ..core.errors import (
+from ...core import events as ev
+from ...core.chain import ChainError, envelope, seal
+from ...core.errors import (
     FleetclaimsError,
     RegistryBusy,
     RegistryCorrupt,
     StoreUnavailable,
     ValidationError,
 )
-from ..core.model import GENESIS, Claim, ClaimTable, Now, State
-from ..core.queue import Key, QueueIndex, Task, TaskTable
-from ..core.rules import Decision
-from ..system import Clock, SystemClock
-from .base import Decide, VerifyReport
-from .faults import crash_point
-from .journal import apply_checked, check_link, parse_line
+from ...core.model import GENESIS, Claim, ClaimTable, Now, State
+from ...core.queue import Key, QueueIndex, Task, TaskTable
+from ...core.rules import Decision
+from ...system import Clock, SystemClock
+from ..base import Decide, VerifyReport
+from ..file.faults import crash_point
+from ..file.journal import apply_checked, check_link, parse_line
 
 SCHEMA_VERSION = 3
 DEFAULT_SCHEMA = "fleetclaims"
@@ -193,7 +193,7 @@ def parse_location(url: str, schema: str | None = None) -> tuple[str, str, str]:
         DEFAULT_SCHEMA
     )
     if not _SCHEMA_RE.match(chosen):
-        from ..core.errors import ValidationError
+        from ...core.errors import ValidationError
 
         raise ValidationError(
             "schema", "must be 1-63 characters of a-z, 0-9 and _, not starting with a digit",
@@ -633,7 +633,7 @@ class PostgresStore:
                 )
                 row = conn.execute(f"SELECT max(version) FROM {s}.schema_version").fetchone()
                 current = int(row[0]) if row and row[0] is not None else 0
-                from .. import __version__
+                from ... import __version__
 
                 for version, statements in sorted(_migrations(s).items()):
                     if version <= current:

@@ -28,16 +28,16 @@ from typing import Any
 
 import orjson
 
-from .core import events as ev
-from .core.chain import envelope, seal
-from .core.errors import AuditCorrupt, FleetclaimsError, RegistryCorrupt
-from .core.model import Claim, State
-from .store import fsutil
-from .store.file import JOURNAL, LOCK, SNAPSHOT, TMP_PREFIX, FileStore
-from .store.journal import Snapshot, SnapshotError, apply_checked, decode_snapshot
-from .store.journal import parse_line as _parse_line
-from .store.lock import RegistryLock, bump_generation_at
-from .system import SystemClock
+from ...core import events as ev
+from ...core.chain import envelope, seal
+from ...core.errors import AuditCorrupt, FleetclaimsError, RegistryCorrupt
+from ...core.model import Claim, State
+from ...system import SystemClock
+from . import fsutil
+from .journal import Snapshot, SnapshotError, apply_checked, decode_snapshot
+from .journal import parse_line as _parse_line
+from .lock import RegistryLock, bump_generation_at
+from .store import JOURNAL, LOCK, SNAPSHOT, TMP_PREFIX, FileStore
 
 ERROR = "error"
 WARNING = "warning"
@@ -508,7 +508,7 @@ def _carry_forward(state: State, lost: bytes) -> tuple[list[Claim], int, dict[st
     Returns the claims that differ from the verified state, the highest fence seen anywhere
     after the break, and a summary (applied count, skipped seqs). Lines that fail their own
     hash, do not parse or cannot be applied are skipped, never guessed at."""
-    from .core.chain import ChainError, unseal
+    from ...core.chain import ChainError, unseal
 
     replayed = state.copy()
     fence = state.fence

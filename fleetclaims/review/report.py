@@ -454,7 +454,7 @@ def _queue_table(evs: list[Event], tasks: Collection[str] | None, since: float |
                  until: float | None) -> str:
     """The work queue's waits: per added task, how long it was pending (added to ready), how
     long it waited ready (to its first claim) and how long the work took (to completion)."""
-    from .core.queue import queue_times
+    from ..core.queue import queue_times
 
     times = queue_times(evs)
     picked = [(t, row) for t, row in sorted(times.items(), key=lambda kv: (kv[1]["added"] or 0,

@@ -17,9 +17,9 @@ from typing import Any
 
 import orjson
 
-from ..core import events as ev
-from ..core.chain import envelope, seal
-from ..core.errors import (
+from ...core import events as ev
+from ...core.chain import envelope, seal
+from ...core.errors import (
     AuditCorrupt,
     DurabilityError,
     FleetclaimsError,
@@ -27,11 +27,11 @@ from ..core.errors import (
     UnsafeRegistry,
     ValidationError,
 )
-from ..core.model import State
-from ..core.rules import Decision
-from ..system import Clock, current_pid, pid_exists, unsafe_filesystem
+from ...core.model import State
+from ...core.rules import Decision
+from ...system import Clock, current_pid, pid_exists, unsafe_filesystem
+from ..base import Decide, VerifyReport
 from . import fsutil
-from .base import Decide, VerifyReport
 from .faults import crash_point, osc
 from .journal import (
     Snapshot,

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from types import FrameType
 
-from .api import Lease, Registry
-from .core.errors import EXIT_NOT_HOLDER, FleetclaimsError
+from ..api import Lease, Registry
+from ..core.errors import EXIT_NOT_HOLDER, FleetclaimsError
 
 GRACE = 10.0  # seconds a command gets between SIGTERM and SIGKILL once the lease is lost
 
@@ -34,7 +34,7 @@ def run_command(
     env = dict(os.environ)
     env.update(FLEETCLAIMS_TASK=task, FLEETCLAIMS_TOKEN=lease.token,
                FLEETCLAIMS_FENCE=str(lease.fence), FLEETCLAIMS_OWNER=owner)
-    from .store.file import FileStore
+    from ..store.file.store import FileStore
 
     if isinstance(reg.store, FileStore):
         # The command's own fleetclaims calls (the guard in git hooks, renew) must find this

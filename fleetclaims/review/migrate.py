@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .core.errors import AuditCorrupt, RegistryCorrupt, ValidationError
-from .location import is_url, resolve
-from .store.base import VerifyReport
+from ..core.errors import AuditCorrupt, RegistryCorrupt, ValidationError
+from ..location import is_url, resolve
+from ..store.base import VerifyReport
 
 __all__ = ["MigrationReport", "copy_registry", "read_journal_lines"]
 
@@ -37,11 +37,11 @@ class MigrationReport:
 def read_journal_lines(location: str, *, schema: str | None = None) -> Iterator[bytes]:
     """The committed, sealed journal lines of a registry (each ending in a newline), checked
     against the hash chain as they are read; stops at the journal's end when the read began."""
-    from .core.chain import GENESIS
-    from .store.journal import parse_line
+    from ..core.chain import GENESIS
+    from ..store.file.journal import parse_line
 
     if is_url(location):
-        from .store.postgres import PostgresStore
+        from ..store.postgres.store import PostgresStore
 
         store = PostgresStore(location, schema=schema)
         try:
@@ -53,8 +53,8 @@ def read_journal_lines(location: str, *, schema: str | None = None) -> Iterator[
         finally:
             store.close()
         return
-    from .store import fsutil
-    from .store.journal import iter_lines
+    from ..store.file import fsutil
+    from ..store.file.journal import iter_lines
 
     journal = Path(location) / "audit.jsonl"
     path = str(journal)
@@ -85,13 +85,13 @@ def _claims(location: str, schema: str | None) -> tuple[int, str, dict[str, Any]
 
 
 def _open(location: str, schema: str | None) -> Any:
-    from .system import SystemClock
+    from ..system import SystemClock
 
     if is_url(location):
-        from .store.postgres import PostgresStore
+        from ..store.postgres.store import PostgresStore
 
         return PostgresStore(location, clock=SystemClock(), schema=schema)
-    from .store.file import FileStore
+    from ..store.file.store import FileStore
 
     return FileStore(location, clock=SystemClock())
 

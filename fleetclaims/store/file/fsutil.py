@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from ..core.errors import UnsafeRegistry
+from ...core.errors import UnsafeRegistry
 from .faults import osc
 
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

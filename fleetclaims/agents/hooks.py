@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .core.errors import ValidationError
+from ..core.errors import ValidationError
 
 MARKER = "# fleetclaims-hook v1"
 CHAINED_SUFFIX = ".fleetclaims-chained"

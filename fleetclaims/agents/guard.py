@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .core.errors import EXIT_NOT_HOLDER, EXIT_OK, EXIT_USAGE, FleetclaimsError
+from ..core.errors import EXIT_NOT_HOLDER, EXIT_OK, EXIT_USAGE, FleetclaimsError
 
 if TYPE_CHECKING:
-    from .api import Registry
+    from ..api import Registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +77,8 @@ def claim_env(env: Mapping[str, str]) -> ClaimEnv | GuardResult | None:
 def check(reg: Registry, claim: ClaimEnv) -> GuardResult:
     """Whether ``claim`` is the live, unexpired holding of its task, with the same fence, and
     its owner process is not proven dead. Reads the registry; writes nothing."""
-    from .core import rules, validate
-    from .core.chain import token_hash
+    from ..core import rules, validate
+    from ..core.chain import token_hash
 
     try:
         th = token_hash(validate.token(claim.token))

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO, cast
 
-from .core.durations import format_duration, iso, parse_duration, parse_instant, relative
-from .core.errors import (
+from ..core.durations import format_duration, iso, parse_duration, parse_instant, relative
+from ..core.errors import (
     EXIT_CONFLICT,
     EXIT_DAMAGED,
     EXIT_ERROR,
@@ -22,8 +22,8 @@ from .core.errors import (
 )
 
 if TYPE_CHECKING:
-    from .api import Registry
-    from .core.model import Claim
+    from ..api import Registry
+    from ..core.model import Claim
 
 VERSION = "0.1.0"
 
@@ -388,7 +388,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--schema", help="PostgreSQL schema name (default fleetclaims)")
 
     # The work queue's and the agent-facing commands live in their own modules.
-    from . import cli_agents, cli_queue
+    from . import agents as cli_agents
+    from . import queue as cli_queue
 
     cli_queue.add_parsers(add, EXAMPLES, _dur)
     cli_agents.add_parsers(add, EXAMPLES)
@@ -399,7 +400,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def _registry(args: argparse.Namespace, **extra: Any) -> Registry:
-    from .api import Registry
+    from ..api import Registry
 
     return Registry(args.dir, durability=args.durability, allow_unsafe_fs=args.allow_unsafe_fs,
                     **extra)
@@ -572,7 +573,7 @@ def cmd_show(args: argparse.Namespace, out: Out) -> int:
 
 def cmd_list(args: argparse.Namespace, out: Out) -> int:
     if args.tasks:
-        from .cli_queue import show_tasks
+        from .queue import show_tasks
 
         return show_tasks(args, out)
     reg = _registry(args)
@@ -617,7 +618,7 @@ def cmd_stats(args: argparse.Namespace, out: Out) -> int:
 
 
 def _event_detail(e: dict[str, Any]) -> str:
-    from .core.explain import describe
+    from ..core.explain import describe
 
     return describe(e)
 
@@ -707,8 +708,8 @@ def cmd_explain(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, out: Out) -> int:
-    from .doctor import main_report
-    from .location import is_url, resolve
+    from ..location import is_url, resolve
+    from ..store.file.doctor import main_report
 
     location = resolve(args.dir)
     if is_url(location):
@@ -753,7 +754,7 @@ def cmd_audit(args: argparse.Namespace, out: Out) -> int:
         # choose what is drawn. An export is filtered like `audit`.
         events = _all_events(reg, args.after, filters if action == "export" else {})
         if action == "export":
-            from .report import to_csv, to_jsonl
+            from ..review.report import to_csv, to_jsonl
 
             text = to_csv(events) if args.format == "csv" else to_jsonl(events)
             if args.output:
@@ -765,7 +766,7 @@ def cmd_audit(args: argparse.Namespace, out: Out) -> int:
             return EXIT_OK
         if not args.html:
             raise ValidationError("--html", "is required: audit report --html FILE")
-        from .report import render_html
+        from ..review.report import render_html
 
         html = render_html(events, title=f"fleetclaims audit — {reg.location}",
                            generated_at=time.time(),
@@ -859,7 +860,7 @@ def _audit_verify(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_run(args: argparse.Namespace, out: Out) -> int:
-    from .runner import run_command
+    from ..agents.runner import run_command
 
     cmd = list(args.cmd or [])
     if not cmd:
@@ -869,7 +870,7 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace, out: Out) -> int:
-    from .migrate import copy_registry
+    from ..review.migrate import copy_registry
 
     r = copy_registry(args.source, args.target)
     if out.json:
@@ -905,7 +906,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Out], int]] = {
 
 
 def all_commands() -> dict[str, Callable[[argparse.Namespace, Out], int]]:
-    from . import cli_agents, cli_queue
+    from . import agents as cli_agents
+    from . import queue as cli_queue
 
     return {**COMMANDS, **cli_queue.COMMANDS, **cli_agents.COMMANDS}
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import orjson
 
-from ..core import events as ev
-from ..core.chain import ChainError, check_seal
-from ..core.errors import AuditCorrupt, RegistryCorrupt
-from ..core.model import DEFAULT_PHASE, GENESIS, LISTING_BASE, Claim, ClaimTable, State
-from ..core.queue import TaskTable
-from .base import VerifyReport
+from ...core import events as ev
+from ...core.chain import ChainError, check_seal
+from ...core.errors import AuditCorrupt, RegistryCorrupt
+from ...core.model import DEFAULT_PHASE, GENESIS, LISTING_BASE, Claim, ClaimTable, State
+from ...core.queue import TaskTable
+from ..base import VerifyReport
 
 CHUNK = 1 << 20
 SNAPSHOT_FORMAT = 2  # 1 (still read): claims as persisted dicts; 2: packed (_Packer)

@@ -12,10 +12,10 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .core.errors import EXIT_OK, FleetclaimsError, ValidationError
+from ..core.errors import EXIT_OK, FleetclaimsError, ValidationError
 
 if TYPE_CHECKING:
-    from .cli import Out
+    from . import Out
 
 AddParser = Callable[[str, str], argparse.ArgumentParser]
 
@@ -57,12 +57,12 @@ def _owner(args: argparse.Namespace, required: bool) -> str | None:
 
 
 def cmd_mcp(args: argparse.Namespace, out: Out) -> int:
-    from .cli import _registry
+    from . import _registry
 
     owner = _owner(args, required=True)
     assert owner is not None
     try:
-        from . import mcp_server
+        from ..agents import mcp_server
     except ImportError as exc:
         raise FleetclaimsError(
             f"the MCP server needs the MCP SDK, which is not installed ({exc}).",
@@ -72,14 +72,14 @@ def cmd_mcp(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_guard(args: argparse.Namespace, out: Out) -> int:
-    from . import guard
+    from ..agents import guard
 
     found = guard.claim_env(os.environ)
     if found is None:
         return EXIT_OK  # not in a claimed run: nothing to guard
     if isinstance(found, guard.ClaimEnv):
-        from .cli import _registry
-        from .location import is_url, resolve
+        from ..location import is_url, resolve
+        from . import _registry
 
         location = resolve(args.dir)
         try:
@@ -111,7 +111,7 @@ def cmd_guard(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_hooks(args: argparse.Namespace, out: Out) -> int:
-    from . import hooks
+    from ..agents import hooks
 
     if args.action == "install":
         changes = hooks.install(args.repo, trailer=not args.no_trailer)
@@ -133,8 +133,8 @@ def cmd_hooks(args: argparse.Namespace, out: Out) -> int:
 def cmd_brief(args: argparse.Namespace, out: Out) -> int:
     import time
 
-    from . import brief
-    from .cli import _registry
+    from ..agents import brief
+    from . import _registry
 
     doc = brief.build(_registry(args), _owner(args, required=False), time.time())
     if out.json:

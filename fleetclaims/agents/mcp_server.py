@@ -22,12 +22,12 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
+from ..core.errors import ClaimConflict, FleetclaimsError, NotHolder
 from . import brief
-from .core.errors import ClaimConflict, FleetclaimsError, NotHolder
 
 if TYPE_CHECKING:
-    from .api import Registry
-    from .core.model import Claim
+    from ..api import Registry
+    from ..core.model import Claim
 
 Task = Annotated[str, Field(max_length=200, description="The task id, e.g. 'issue-42'.")]
 Token = Annotated[str | None, Field(
@@ -93,7 +93,7 @@ class ClaimsServer:
     """The tools, bound to one registry and one owner; the tokens of claims made here."""
 
     def __init__(self, registry: Registry, owner: str) -> None:
-        from .core import validate
+        from ..core import validate
 
         self.registry = registry
         self.owner = validate.owner(owner)

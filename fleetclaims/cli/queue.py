@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .core.durations import relative
-from .core.errors import EXIT_CONFLICT, EXIT_OK
+from ..core.durations import relative
+from ..core.errors import EXIT_CONFLICT, EXIT_OK
 
 if TYPE_CHECKING:
-    from .cli import Out
-    from .core.queue import Task, TaskStatus
+    from ..core.queue import Task, TaskStatus
+    from . import Out
 
 AddParser = Callable[[str, str], argparse.ArgumentParser]
 
@@ -79,7 +79,7 @@ def _status_doc(s: TaskStatus) -> dict[str, Any]:
 
 
 def cmd_add(args: argparse.Namespace, out: Out) -> int:
-    from .cli import _registry
+    from . import _registry
 
     reg = _registry(args)
     seq = reg.stats().seq
@@ -99,7 +99,7 @@ def cmd_add(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_depend(args: argparse.Namespace, out: Out) -> int:
-    from .cli import _registry
+    from . import _registry
 
     reg = _registry(args)
     t = reg.depend(args.task, on=args.on)
@@ -111,7 +111,7 @@ def cmd_depend(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_block(args: argparse.Namespace, out: Out) -> int:
-    from .cli import _registry
+    from . import _registry
 
     changed = _registry(args).block(args.task, reason=args.reason)
     if out.json:
@@ -122,7 +122,7 @@ def cmd_block(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_unblock(args: argparse.Namespace, out: Out) -> int:
-    from .cli import _registry
+    from . import _registry
 
     reg = _registry(args)
     changed = reg.unblock(args.task, reason=args.reason)
@@ -137,7 +137,7 @@ def cmd_unblock(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_next(args: argparse.Namespace, out: Out) -> int:
-    from .cli import _registry, _show_claim
+    from . import _registry, _show_claim
 
     reg = _registry(args)
     c = reg.claim_next(owner=args.owner, labels=args.labels, ttl=args.ttl, note=args.note,
@@ -157,7 +157,7 @@ def cmd_next(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_ready(args: argparse.Namespace, out: Out) -> int:
-    from .cli import _registry
+    from . import _registry
 
     tasks = _registry(args).ready(labels=args.labels)
     if out.json:
@@ -175,7 +175,7 @@ def cmd_ready(args: argparse.Namespace, out: Out) -> int:
 
 def show_tasks(args: argparse.Namespace, out: Out) -> int:
     """``list --tasks``: every queued task with its readiness, in hand-out order."""
-    from .cli import _registry
+    from . import _registry
 
     reg = _registry(args)
     items = reg.tasks(status=args.status or None)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from ..core.errors import RegistryBusy
+from ...core.errors import RegistryBusy
 from .fsutil import open_file
 
 try:
@@ -167,7 +167,7 @@ class RegistryLock:
     def _busy(self) -> RegistryBusy:
         # Who holds it, asked of the kernel only now (writing a stamp on every acquisition
         # would cost each operation a syscall to serve this rare message).
-        from ..system import flock_holder, pid_exists
+        from ...system import flock_holder, pid_exists
 
         holder = None
         try:

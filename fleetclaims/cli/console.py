@@ -34,7 +34,7 @@ LONG_RUNNING = frozenset({"run", "mcp"})
 def needs_collector(argv: list[str]) -> bool:
     """Whether the command in ``argv`` may run long enough to need the cyclic collector's
     usual settings. (When unsure, yes: collecting costs time, never correctness.)"""
-    from .cli import _command_of
+    from . import _command_of
 
     command = _command_of(argv)
     return command is None or command in LONG_RUNNING or "--follow" in argv or "-f" in argv
@@ -46,7 +46,7 @@ SHORT_COMMAND_THRESHOLD = (100_000, 20, 100)
 def run() -> NoReturn:
     usual = gc.get_threshold()
     gc.set_threshold(*SHORT_COMMAND_THRESHOLD)  # before the imports: many objects, few cycles
-    from .cli import main
+    from . import main
 
     if needs_collector(sys.argv[1:]):
         gc.set_threshold(*usual)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .core.durations import format_duration, relative
+from ..core.durations import format_duration, relative
 
 if TYPE_CHECKING:
-    from .api import Registry
-    from .core.model import Claim
+    from ..api import Registry
+    from ..core.model import Claim
 
 SHOWN = 15  # entries per section; the rest are counted, not listed
 RENEW_AT = 1 / 3  # renew once less than this share of the TTL is left (what `hold`/`run` do)

@@ -1,0 +1,1 @@
+"""The PostgreSQL store: the same contract as the file store, for teams on several machines."""

@@ -17,7 +17,8 @@ import orjson
 
 from fleetclaims.core import events as ev
 from fleetclaims.core.model import State
-from fleetclaims.store.file.journal import apply_checked, iter_lines, parse_line
+from fleetclaims.store.file.journal import apply_checked, parse_line
+from fleetclaims.store.file.reader import iter_lines
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parents[1]

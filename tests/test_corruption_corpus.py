@@ -31,7 +31,7 @@ import fleetclaims
 from fleetclaims import AuditCorrupt, FleetclaimsError, RegistryCorrupt, UnsafeRegistry
 from fleetclaims.core.chain import seal
 from fleetclaims.store.file import doctor
-from fleetclaims.store.file.journal import encode_snapshot
+from fleetclaims.store.file.snapshot import encode_snapshot
 
 SNAP_AT = 8  # the baseline snapshot covers the first SNAP_AT events
 

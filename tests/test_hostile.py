@@ -21,7 +21,8 @@ import fleetclaims
 from fleetclaims import AuditCorrupt, FleetclaimsError, UnsafeRegistry
 from fleetclaims.core.chain import token_hash
 from fleetclaims.core.errors import RegistryCorrupt
-from fleetclaims.store.file.journal import SnapshotError, decode_snapshot, parse_line
+from fleetclaims.store.file.journal import parse_line
+from fleetclaims.store.file.snapshot import SnapshotError, decode_snapshot
 
 FUZZ = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,

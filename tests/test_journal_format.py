@@ -13,7 +13,7 @@ from fc_support import journal_lines
 import fleetclaims
 from fleetclaims import DurabilityError, Registry
 from fleetclaims.store.file import faults
-from fleetclaims.store.file.store import PREALLOCATE
+from fleetclaims.store.file.journal import PREALLOCATE
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +38,7 @@ def test_journal_is_preallocated_with_zeros(tmp_path: Path) -> None:
 
 def test_preallocation_grows_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """When the data reaches the end of the zero space, another chunk is added."""
-    monkeypatch.setattr(fleetclaims.store.file.store, "PREALLOCATE", 4096)
+    monkeypatch.setattr(fleetclaims.store.file.journal, "PREALLOCATE", 4096)
     reg = Registry(tmp_path / "r", durability="process")
     for i in range(40):
         reg.claim(f"task-{i}", owner="a")

@@ -16,7 +16,7 @@ from fc_support import journal_lines, replay
 from fleetclaims import Registry
 from fleetclaims.cli import main
 from fleetclaims.core.model import State
-from fleetclaims.store.file.journal import (
+from fleetclaims.store.file.snapshot import (
     SnapshotClaims,
     SnapshotError,
     decode_snapshot,
@@ -198,13 +198,13 @@ def test_identity_number_out_of_range_stays_damage() -> None:
 def test_large_snapshot_checksum_and_parse_errors(tmp_path: Path) -> None:
     """Snapshots above 1 MiB are hashed on a second thread while they are parsed: they must be
     checked just as strictly (a flipped byte, a checksum over invalid JSON)."""
-    from fleetclaims.store.file import journal
+    from fleetclaims.store.file import snapshot
 
     state = State()
     for i in range(4000):
         state.claims[f"task-{i:05d}"] = _claim(i)
     data = encode_snapshot(state, 0)
-    assert len(data) > journal._PARALLEL_HASH_MIN
+    assert len(data) > snapshot._PARALLEL_HASH_MIN
     assert len(decode_snapshot(data).state.claims) == 4000
     middle = len(data) // 2
     flipped = data[:middle] + bytes([data[middle] ^ 0x01]) + data[middle + 1:]

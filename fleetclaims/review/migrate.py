@@ -37,9 +37,6 @@ class MigrationReport:
 def read_journal_lines(location: str, *, schema: str | None = None) -> Iterator[bytes]:
     """The committed, sealed journal lines of a registry (each ending in a newline), checked
     against the hash chain as they are read; stops at the journal's end when the read began."""
-    from ..core.chain import GENESIS
-    from ..store.file.journal import parse_line
-
     if is_url(location):
         from ..store.postgres.store import PostgresStore
 
@@ -54,23 +51,20 @@ def read_journal_lines(location: str, *, schema: str | None = None) -> Iterator[
             store.close()
         return
     from ..store.file import fsutil
-    from ..store.file.journal import iter_lines
+    from ..store.file.reader import JournalReader
 
     journal = Path(location) / "audit.jsonl"
-    path = str(journal)
     try:
         fd = fsutil.open_file(journal, os.O_RDONLY)
     except FileNotFoundError:
         return
     try:
-        end = os.fstat(fd).st_size
-        seq, prev = 0, GENESIS
-        for offset, line, complete in iter_lines(fd, 0, end):
-            if not complete:
-                break  # a torn tail was never acknowledged
-            event = parse_line(line, seq=seq + 1, prev=prev, offset=offset, path=path)
-            seq, prev = event["seq"], event["hash"]
+        reader = JournalReader(fd, str(journal), end=os.fstat(fd).st_size)
+        for _, line, _ in reader.events():
             yield line + b"\n"
+        # A torn tail was never acknowledged: not copied. Damage stops the copy.
+        if reader.damage is not None:
+            raise reader.corrupt()
     finally:
         os.close(fd)
 

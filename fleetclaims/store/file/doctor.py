@@ -18,10 +18,12 @@ Repairs (``fix=True``) never delete data: whatever is replaced is first copied o
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,13 +33,16 @@ import orjson
 from ...core import events as ev
 from ...core.chain import envelope, seal
 from ...core.errors import AuditCorrupt, FleetclaimsError, RegistryCorrupt
-from ...core.model import Claim, State
+from ...core.model import Claim
+from ...core.ports import ClaimView
+from ...core.state import State
 from ...system import SystemClock
 from . import fsutil
-from .journal import Snapshot, SnapshotError, apply_checked, decode_snapshot
-from .journal import parse_line as _parse_line
+from .journal import apply_checked
 from .lock import RegistryLock, bump_generation_at
-from .store import JOURNAL, LOCK, SNAPSHOT, TMP_PREFIX, FileStore
+from .reader import CHUNK, JournalReader, first_nul, iter_lines
+from .snapshot import TMP_PREFIX, Snapshot, SnapshotError, decode_snapshot
+from .store import JOURNAL, LOCK, SNAPSHOT, FileStore
 
 ERROR = "error"
 WARNING = "warning"
@@ -88,11 +93,17 @@ class DoctorReport:
 
 @dataclass
 class _Journal:
+    """What one pass of the reader over the journal found (nothing of it is kept in memory but
+    the state: doctor is linear in time and memory)."""
+
+    path: Path
     exists: bool = False
-    data: bytes = b""
+    size: int = 0  # of the file, with its unused (zero) space
+    data_end: int = 0  # where the data ends (its first NUL byte); known when broken
     good_end: int = 0  # end of the verified, applicable prefix
     state: State = field(default_factory=State)
-    states_at: dict[int, dict[str, Any]] = field(default_factory=dict)
+    snap_claims: ClaimView | None = None  # the replay's claims at the snapshot's seq
+    snap_anchor: str | None = None  # hash of the verified line ending at the snapshot offset
     break_seq: int | None = None
     break_offset: int | None = None
     break_reason: str | None = None
@@ -107,8 +118,8 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
         return report
     _check_temp_files(path, report, fix)
     _check_quarantine(path, report)
-    journal = _read_journal(path)
     snapshot, snap_problem = _read_snapshot(path)
+    journal = _read_journal(path, snapshot)
     needs_salvage = _check_journal(path, journal, snapshot, report)
     snap_finding = _check_snapshot(path, journal, snapshot, snap_problem, report)
     if not fix:
@@ -121,8 +132,8 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
     try:
         with lock.held():
             # Re-read under the lock: a writer may have moved on since the checks above.
-            journal = _read_journal(path)
             snapshot, snap_problem = _read_snapshot(path)
+            journal = _read_journal(path, snapshot)
             if needs_salvage:
                 _salvage(path, journal, snapshot, report)
             elif snap_finding is not None and os.path.lexists(path / SNAPSHOT):
@@ -227,55 +238,56 @@ def _check_quarantine(path: Path, report: DoctorReport) -> None:
                    "review; their .note.json says why)", INFO, files=names)
 
 
-def _read_journal(path: Path) -> _Journal:
-    out = _Journal()
+def _read_journal(path: Path, snapshot: Snapshot | None) -> _Journal:
+    """One pass of the reader: the verified state, where the chain breaks, and what a check of
+    ``snapshot`` needs (the claims at its seq, the line at its offset), taken on the way."""
+    out = _Journal(path)
     try:
         fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
     except FileNotFoundError:
         return out
     try:
         out.exists = True
-        out.data = fsutil.read_all(fd)
+        out.size = os.fstat(fd).st_size
+        _replay(fd, out, snapshot)
     finally:
         os.close(fd)
-    state = State()
-    where = str(path / JOURNAL)
-    offset = 0
-    data = out.data
-    # The journal's data ends at its first NUL byte (the rest is preallocated zero space);
-    # anything but zeros after that is damage, reported where the zeros begin.
-    nul = data.find(b"\0")
-    junk_at: int | None = None
-    if nul >= 0:
-        rest = data[nul:].lstrip(b"\0")
-        if rest:
-            junk_at = nul
-        data = data[:nul]
-    while offset < len(data):
-        nl = data.find(b"\n", offset)
-        if nl < 0:
-            out.torn = len(data) - offset
-            break
-        line = data[offset:nl]
-        try:
-            event = _parse_line(line, seq=state.seq + 1, prev=state.head, offset=offset,
-                                path=where)
-            apply_checked(state, event, offset, where)
-        except AuditCorrupt as exc:
-            out.break_seq, out.break_offset, out.break_reason = exc.seq, exc.offset, exc.reason
-            break
-        offset = nl + 1
-        out.good_end = offset
-        out.states_at[state.seq] = _claims_of(state)
-    if junk_at is not None and out.break_seq is None:
-        out.break_seq, out.break_offset = state.seq + 1, junk_at
-        out.break_reason = "data after unused (zero) space: lines lost or the file was damaged"
-    out.state = state
     return out
 
 
-def _claims_of(state: State) -> dict[str, Any]:
-    return {c.task: c.to_dict() for c in state.claims.values()}
+def _replay(fd: int, out: _Journal, snapshot: Snapshot | None) -> None:
+    state = out.state
+    where = str(out.path / JOURNAL)
+    snap_seq, snap_offset = (snapshot.state.seq, snapshot.offset) if snapshot else (-1, -1)
+    if snap_seq == 0:
+        out.snap_claims = state.claims.copy()
+    reader = JournalReader(fd, where)
+    broken: AuditCorrupt | None = None
+    for offset, _, event in reader.events():
+        try:
+            apply_checked(state, event, offset, where)
+        except AuditCorrupt as exc:
+            broken = exc
+            break
+        out.good_end = reader.offset
+        if state.seq == snap_seq:  # (a shallow copy: claims are immutable)
+            out.snap_claims = state.claims.copy()
+        if reader.offset == snap_offset:
+            out.snap_anchor = event["hash"]
+    if broken is None and reader.damage is not None:
+        broken = reader.corrupt()
+    if broken is not None:
+        out.break_seq, out.break_offset, out.break_reason = (broken.seq, broken.offset,
+                                                             broken.reason)
+        out.data_end = first_nul(fd, out.good_end)
+        return
+    out.torn = len(reader.torn)
+    out.data_end = reader.data_end
+    # The journal's data ends at its first NUL byte (the rest is preallocated zero space);
+    # anything but zeros after that is damage, reported where the zeros begin.
+    if reader.junk() is not None:
+        out.break_seq, out.break_offset = state.seq + 1, reader.data_end
+        out.break_reason = "data after unused (zero) space: lines lost or the file was damaged"
 
 
 def _read_snapshot(path: Path) -> tuple[Snapshot | None, str | None]:
@@ -314,7 +326,7 @@ def _check_journal(path: Path, journal: _Journal, snapshot: Snapshot | None,
         return False
     salvage = False
     if journal.break_seq is not None:
-        lost = len(journal.data.split(b"\0", 1)[0]) - journal.good_end
+        lost = journal.data_end - journal.good_end
         report.add("journal_corrupt", f"the journal is broken at seq {journal.break_seq}, byte "
                    f"offset {journal.break_offset}: {journal.break_reason}; {lost} bytes after "
                    "the verified prefix; --fix keeps the prefix and quarantines the original",
@@ -340,21 +352,22 @@ def _recoverable(journal: _Journal, snapshot: Snapshot | None) -> State | None:
     if snapshot is None:
         return None
     state = snapshot.state.copy()
-    data = journal.data
-    offset = snapshot.offset
-    if offset > len(data) or (offset > 0 and data[offset - 1 : offset] != b"\n"):
+    try:
+        fd = fsutil.open_file(journal.path / JOURNAL, os.O_RDONLY)
+    except FileNotFoundError:
         return state
-    while True:
-        nl = data.find(b"\n", offset)
-        if nl < 0:
+    try:
+        offset = snapshot.offset
+        if offset > os.fstat(fd).st_size or (offset > 0 and os.pread(fd, 1, offset - 1) != b"\n"):
             return state
-        try:
-            event = _parse_line(data[offset:nl], seq=state.seq + 1, prev=state.head,
-                                offset=offset, path=JOURNAL)
-            apply_checked(state, event, offset, JOURNAL)
-        except AuditCorrupt:
-            return state
-        offset = nl + 1
+        reader = JournalReader(fd, JOURNAL, offset=offset, seq=state.seq, prev=state.head)
+        for at, _, event in reader.events():
+            apply_checked(state, event, at, JOURNAL)
+    except AuditCorrupt:
+        pass  # (an event that cannot be applied ends what can be carried forward)
+    finally:
+        os.close(fd)
+    return state
 
 
 def _check_snapshot(path: Path, journal: _Journal, snapshot: Snapshot | None,
@@ -367,26 +380,32 @@ def _check_snapshot(path: Path, journal: _Journal, snapshot: Snapshot | None,
     seq = snapshot.state.seq
     anchored = seq == 0 and snapshot.offset == 0
     if seq > 0 and journal.exists:
-        # The line ending at the snapshot offset must be the snapshot's head at its seq.
-        start = journal.data.rfind(b"\n", 0, max(snapshot.offset - 1, 0)) + 1
-        line = journal.data[start : snapshot.offset - 1]
-        anchored = (
-            snapshot.offset <= journal.good_end
-            and journal.data[snapshot.offset - 1 : snapshot.offset] == b"\n"
-            and line.endswith(f'"hash":"{snapshot.state.head}"}}'.encode())
-        )
+        # The verified line ending at the snapshot offset must be the snapshot's head.
+        anchored = journal.snap_anchor == snapshot.state.head
     if not anchored:
         return report.add("snapshot_unanchored", "the snapshot's seq/offset/head do not match the "
                           "journal; --fix quarantines it and rebuilds it from the journal")
-    expected = journal.states_at.get(seq, {}) if seq else {}
-    actual = {c.task: c.to_dict() for c in snapshot.state.claims.values()}
-    if actual != expected:
-        differ = sorted(set(actual) ^ set(expected) | {
-            t for t in set(actual) & set(expected) if actual[t] != expected[t]})
+    differ = _differing(snapshot.state.claims, journal.snap_claims if seq else None)
+    if differ:
         return report.add("snapshot_mismatch", f"the snapshot disagrees with a replay of the "
                           f"journal at seq {seq} on {len(differ)} task(s); --fix rebuilds it",
                           tasks=differ[:20])
     return None
+
+
+def _differing(actual: ClaimView, expected: ClaimView | None) -> list[str]:
+    """The tasks whose claim records differ between two tables, sorted (one claim at a time:
+    no second copy of the registry in memory)."""
+    tasks = set(actual.tasks())
+    if expected is not None:
+        tasks.update(expected.tasks())
+    differ = []
+    for task in tasks:
+        a = actual.get(task)
+        b = expected.get(task) if expected is not None else None
+        if a is None or b is None or (a is not b and a.to_dict() != b.to_dict()):
+            differ.append(task)
+    return sorted(differ)
 
 
 # --- repairs ---------------------------------------------------------------------------------
@@ -401,7 +420,18 @@ def _sealed_line(seq: int, fields: dict[str, Any], prev: str) -> bytes:
 def _salvage(path: Path, journal: _Journal, snapshot: Snapshot | None,
              report: DoctorReport) -> None:
     """Keep the verified prefix; re-record a snapshot that is ahead; quarantine originals."""
-    prefix = journal.data[: journal.good_end]
+    fd = -1
+    if journal.exists:
+        fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
+    try:
+        _salvage_from(path, fd, journal, snapshot, report)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _salvage_from(path: Path, fd: int, journal: _Journal, snapshot: Snapshot | None,
+                  report: DoctorReport) -> None:
     state = journal.state
     extra_lines: list[bytes] = []
     snap_name = None
@@ -414,16 +444,18 @@ def _salvage(path: Path, journal: _Journal, snapshot: Snapshot | None,
     else:
         recovered = None
     original = None
-    lost = journal.data[journal.good_end :]
-    if journal.exists:
-        original = fsutil.quarantine_bytes(
-            path, JOURNAL, journal.data, "doctor: journal salvaged",
+    carried: list[Claim] = []
+    fence_floor = state.fence
+    if fd >= 0:
+        original = fsutil.quarantine_copy(
+            path, JOURNAL, fd, "doctor: journal salvaged",
             extra={"verified_seq": state.seq, "verified_bytes": journal.good_end,
-                   "lost_bytes": len(lost), "lost_events": _describe(lost),
+                   "lost_bytes": os.fstat(fd).st_size - journal.good_end,
+                   "lost_events": _describe(_pieces(fd, journal.good_end, whole=True)),
                    "break": {"seq": journal.break_seq, "offset": journal.break_offset,
                              "reason": journal.break_reason}},
         ).name
-    carried, fence_floor, _ = _carry_forward(state, lost)
+        carried, fence_floor, _ = _carry_forward(state, _pieces(fd, journal.good_end))
     if snap_name is None and (carried or fence_floor > state.fence):
         # Only the verified prefix is kept (DESIGN), but never silently: the claims that the
         # intact lines after the break recorded are named here and in doctor's report, and the
@@ -469,26 +501,60 @@ def _salvage(path: Path, journal: _Journal, snapshot: Snapshot | None,
         if len(recovered.tasks):
             fields["tasks"] = [t.to_dict() for t in recovered.tasks.values()]
         extra_lines.append(_sealed_line(state.seq + 1, fields, state.head))
-    new = prefix + b"".join(extra_lines)
     tmp = path / f"{DOCTOR_TMP}{os.getpid()}-{secrets.token_hex(4)}"
-    fd = fsutil.open_file(tmp, os.O_WRONLY | os.O_EXCL, create=True)
+    out = fsutil.open_file(tmp, os.O_WRONLY | os.O_EXCL, create=True)
     try:
-        view = memoryview(new)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        for chunk in _prefix_chunks(fd, journal.good_end, extra_lines):
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(out, view) :]
+        os.fsync(out)
     except BaseException:
-        os.close(fd)
+        os.close(out)
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    os.close(fd)
+    os.close(out)
     os.replace(tmp, path / JOURNAL)
     fsutil.fsync_dir(path)
     bump_generation_at(path / LOCK)  # every open handle reloads the new journal
     if snap_name is None and os.path.lexists(path / SNAPSHOT):
         # Anchored to the old journal (or damaged): rebuilt from the salvaged one.
         fsutil.quarantine_file(path, path / SNAPSHOT, "doctor: journal salvaged")
+
+
+def _prefix_chunks(fd: int, end: int, extra_lines: list[bytes]) -> Iterator[bytes]:
+    """The salvaged journal: the original's bytes [0, end) (the verified prefix), a chunk at a
+    time, then doctor's own lines."""
+    pos = 0
+    while pos < end:
+        chunk = os.pread(fd, min(CHUNK, end - pos), pos)
+        if not chunk:
+            raise OSError(errno.EIO, f"the journal shrank while salvaging it (at byte {pos})")
+        pos += len(chunk)
+        yield chunk
+    yield b"".join(extra_lines)
+
+
+def _pieces(fd: int, start: int, *, whole: bool = False) -> Iterator[bytes]:
+    """The bytes after the verified prefix split at newlines, complete or not: up to the first
+    NUL byte (the end of the data), or with ``whole`` to the end of the file, zeros and
+    anything after them included (what the quarantine note describes). These bytes failed
+    verification, so they are not read as a journal (JournalReader) but as pieces to salvage."""
+    if not whole:
+        for _, line, _ in iter_lines(fd, start):
+            yield line
+        return
+    pos = start
+    pending = b""
+    while True:
+        chunk = os.pread(fd, CHUNK, pos)
+        if not chunk:
+            break
+        pos += len(chunk)
+        *lines, pending = (pending + chunk).split(b"\n")
+        yield from lines
+    yield pending
 
 
 def _lock_generation(path: Path) -> int:
@@ -502,7 +568,7 @@ def _lock_generation(path: Path) -> int:
         lock.close()
 
 
-def _carry_forward(state: State, lost: bytes) -> tuple[list[Claim], int, dict[str, Any]]:
+def _carry_forward(state: State, lost: Iterable[bytes]) -> tuple[list[Claim], int, dict[str, Any]]:
     """Replay the intact lines after a break onto a copy of the verified state.
 
     Returns the claims that differ from the verified state, the highest fence seen anywhere
@@ -514,7 +580,7 @@ def _carry_forward(state: State, lost: bytes) -> tuple[list[Claim], int, dict[st
     fence = state.fence
     applied = 0
     skipped: list[Any] = []
-    for raw in lost.split(b"\0", 1)[0].split(b"\n"):
+    for raw in lost:
         if not raw:
             continue
         try:
@@ -539,10 +605,10 @@ def _carry_forward(state: State, lost: bytes) -> tuple[list[Claim], int, dict[st
     return changed, fence, {"applied": applied, "skipped": skipped}
 
 
-def _describe(data: bytes) -> list[dict[str, Any]]:
+def _describe(lines: Iterable[bytes]) -> list[dict[str, Any]]:
     """What the lost bytes held, as far as their lines parse (for the quarantine note)."""
     out: list[dict[str, Any]] = []
-    for line in data.split(b"\n"):
+    for line in lines:
         if not line:
             continue
         try:

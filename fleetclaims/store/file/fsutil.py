@@ -7,6 +7,7 @@ import errno
 import os
 import stat
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,19 +183,47 @@ def quarantine_bytes(
     extra: dict[str, Any] | None = None,
 ) -> Path:
     """Keep a copy of damaged bytes (e.g. a torn journal tail) before they are cut off."""
+    return _quarantine_chunks(directory, name, [data], len(data), reason, sync=sync, extra=extra)
+
+
+def quarantine_copy(
+    directory: Path, name: str, src_fd: int, reason: str, *, sync: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Keep a copy of the whole file open at ``src_fd`` (read a chunk at a time: a journal can
+    be larger than the memory one should use to repair it)."""
+    size = os.fstat(src_fd).st_size
+
+    def chunks() -> Iterator[bytes]:
+        pos = 0
+        while pos < size:
+            chunk = os.pread(src_fd, min(1 << 20, size - pos), pos)
+            if not chunk:
+                break
+            pos += len(chunk)
+            yield chunk
+
+    return _quarantine_chunks(directory, name, chunks(), size, reason, sync=sync, extra=extra)
+
+
+def _quarantine_chunks(
+    directory: Path, name: str, chunks: Iterable[bytes], size: int, reason: str, *, sync: bool,
+    extra: dict[str, Any] | None,
+) -> Path:
     qdir = _quarantine_dir(directory)
     qname = quarantine_name(name, reason)
     target = qdir / qname
     fd = open_file(target, os.O_WRONLY | os.O_EXCL, create=True)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[osc.write(fd, bytes(view)) :]
+        for data in chunks:
+            view = memoryview(data)
+            while view:
+                view = view[osc.write(fd, bytes(view)) :]
         if sync:
             osc.fsync(fd)
     finally:
         os.close(fd)
-    note = {"reason": reason, "original": str(directory / name), "size": len(data),
+    note = {"reason": reason, "original": str(directory / name), "size": size,
             "moved_at": time.time()}
     note.update(extra or {})
     write_note(qdir, qname, note, sync=sync)

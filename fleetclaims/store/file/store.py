@@ -8,7 +8,6 @@ Read path (no lock): snapshot, then journal lines after its offset; incomplete l
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -18,7 +17,7 @@ from typing import Any
 import orjson
 
 from ...core import events as ev
-from ...core.chain import envelope, seal
+from ...core.chain import GENESIS, envelope, seal
 from ...core.errors import (
     AuditCorrupt,
     DurabilityError,
@@ -27,60 +26,34 @@ from ...core.errors import (
     UnsafeRegistry,
     ValidationError,
 )
-from ...core.model import State
 from ...core.rules import Decision
-from ...system import Clock, current_pid, pid_exists, unsafe_filesystem
+from ...core.state import State
+from ...system import Clock, current_pid, unsafe_filesystem
 from ..base import Decide, VerifyReport
 from . import fsutil
 from .faults import crash_point, osc
-from .journal import (
-    Snapshot,
-    SnapshotError,
-    apply_checked,
-    decode_snapshot,
-    encode_snapshot,
-    find_offset,
-    first_nonzero,
-    iter_lines,
-    line_before,
-    parse_line,
-    verify_fd,
-)
+from .journal import apply_checked, line_before, preallocate, write_at
 from .lock import RegistryLock
+from .reader import CATCH_UP_CHUNK, JournalReader, find_offset, verify_fd
+from .snapshot import (
+    Snapshot,
+    anchor_problem,
+    encode_snapshot,
+    read_snapshot,
+    snapshot_seq,
+    sweep_temp_files,
+    write_snapshot,
+)
 
 JOURNAL = "audit.jsonl"
 SNAPSHOT = "claims.json"
 LOCK = "claims.lock"
-TMP_PREFIX = "claims.json.tmp-"
 # Checkpoint when the journal tail since the last snapshot exceeds max(MIN, snapshot/DIVISOR):
 # the snapshot write is then paid for by at least snapshot/DIVISOR bytes of appends, so the
 # amortised cost per operation stays constant however many claims there are, and a cold start
 # replays at most that much.
 CHECKPOINT_MIN_TAIL = 512 * 1024
-# Zero-filled space kept ahead of the journal's data (see FileStore._preallocate).
-PREALLOCATE = 1 << 20
 CHECKPOINT_DIVISOR = 8
-
-
-def _snapshot_seq(path: Path) -> int:
-    """The seq of the snapshot at ``path`` from its first bytes (``{"format":1,"seq":N,``);
-    -1 when absent or unreadable."""
-    try:
-        fd = os.open(path, os.O_RDONLY | fsutil.O_NOFOLLOW | fsutil.O_CLOEXEC | fsutil.O_NONBLOCK)
-    except OSError:
-        return -1
-    try:
-        head = os.pread(fd, 64, 0)
-    except OSError:
-        return -1
-    finally:
-        os.close(fd)
-    marker = b'"seq":'
-    at = head.find(marker)
-    if at < 0:
-        return -1
-    digits = head[at + len(marker) :].split(b",", 1)[0]
-    return int(digits) if digits.isdigit() else -1
 
 
 class FileStore:
@@ -262,7 +235,7 @@ class FileStore:
             try:
                 with self._lock.held():
                     if os.pread(self._fd, 1, end) in (b"", b"\0") and (  # nobody wrote after us
-                        _snapshot_seq(self.snapshot_path) <= seq_before  # nor snapshotted them
+                        snapshot_seq(self.snapshot_path) <= seq_before  # nor snapshotted them
                     ):
                         osc.ftruncate(self._fd, start)
                         # Bump before the fsync: the bytes are gone even if the fsync fails,
@@ -372,7 +345,7 @@ class FileStore:
             self._sweep_temp_files()
         snapshot, problem = self._read_snapshot() if snap_exists else (None, None)
         if snapshot is not None:
-            problem = self._anchor_problem(snapshot)
+            problem = anchor_problem(self._fd, snapshot)
             if problem is None:
                 self._state = snapshot.state
                 self._offset = self._snap_offset = snapshot.offset
@@ -399,80 +372,41 @@ class FileStore:
             self._rebuild_owed = True
 
     def _read_snapshot(self) -> tuple[Snapshot | None, str | None]:
-        try:
-            fd = fsutil.open_file(self.snapshot_path, os.O_RDONLY)
-        except FileNotFoundError:
-            return None, None
-        except UnsafeRegistry:
-            raise
-        try:
-            data = fsutil.read_all(fd)
-        finally:
-            os.close(fd)
-        try:
-            return decode_snapshot(data), None
-        except SnapshotError as exc:
-            return None, str(exc)
-
-    def _anchor_problem(self, snapshot: Snapshot) -> str | None:
-        size = os.fstat(self._fd).st_size
-        if snapshot.offset > size:
-            return f"snapshot offset {snapshot.offset} is past the journal end ({size} bytes)"
-        if snapshot.offset == 0:
-            return None if snapshot.state.seq == 0 else "snapshot at offset 0 claims events"
-        found = line_before(self._fd, snapshot.offset)
-        if found is None:
-            return "snapshot offset is not at a line boundary of the journal"
-        _, line = found
-        try:
-            event = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            return "the journal line at the snapshot offset is damaged"
-        if not isinstance(event, dict) or event.get("hash") != snapshot.state.head or event.get(
-            "seq"
-        ) != snapshot.state.seq:
-            return "the snapshot's head does not match the journal at its offset"
-        return None
+        return read_snapshot(self.snapshot_path)
 
     def _consume(self, *, writer: bool) -> None:
         """Apply complete journal lines after our offset; repair a torn tail when writing."""
         state = self._state
         assert state is not None
         path = str(self.journal_path)
+        reader = JournalReader(self._fd, path, offset=self._offset, seq=state.seq,
+                               prev=state.head, chunk_size=CATCH_UP_CHUNK)
         while True:
-            for offset, line, complete in iter_lines(self._fd, self._offset, chunk_size=4096):
-                if not complete:
-                    # Only a partial line followed by nothing but unused space is a torn tail;
-                    # bytes beyond a run of zeros mean the file was damaged mid-way.
-                    end = offset + len(line)
-                    junk = first_nonzero(self._fd, end)
-                    if junk is not None and (writer or junk != end):
-                        raise AuditCorrupt(
-                            path, seq=state.seq + 1, offset=offset,
-                            reason=f"data found at byte {junk} after unused (zero) space: lines "
-                            "lost or the file was damaged",
-                        )
-                    if writer:
-                        self._repair_tail(offset, line)
-                    return
-                event = parse_line(line, seq=state.seq + 1, prev=state.head, offset=offset,
-                                   path=path)
+            for offset, _, event in reader.events():
                 apply_checked(state, event, offset, path)
-                self._offset = offset + len(line) + 1
+                self._offset = reader.offset
+            if reader.damage is not None:
+                raise reader.corrupt()
+            if reader.torn:
+                # Only a partial line followed by nothing but unused space is a torn tail;
+                # bytes beyond a run of zeros mean the file was damaged mid-way. (A reader
+                # seeing bytes right after it sees a writer finishing that line.)
+                junk = reader.junk()
+                if junk is not None and (writer or junk != reader.data_end):
+                    raise reader.corrupt(reader.junk_damage(junk))
+                if writer:
+                    self._repair_tail(reader.offset, reader.torn)
+                return
             if self._padding_checked:
                 return
             # Once per load: the data ends at the first NUL byte, and everything after it must
             # be unused space; lines beyond a run of zeros would otherwise be silently ignored.
-            junk = first_nonzero(self._fd, self._offset)
+            junk = reader.junk()
             if junk is None:
                 self._padding_checked = True
                 return
             if junk != self._offset or writer:
-                raise AuditCorrupt(
-                    path, seq=state.seq + 1, offset=self._offset,
-                    reason=f"data found at byte {junk} after unused (zero) space: lines lost or "
-                    "the file was damaged",
-                )
+                raise reader.corrupt(reader.junk_damage(junk))
             # A writer appended while we looked: read on.
 
     # --- writing -----------------------------------------------------------------------------
@@ -510,15 +444,8 @@ class FileStore:
         data = b"".join(lines)
         start = self._offset
         try:
-            self._preallocate(start + len(data))
-            # A short write is legal (a signal, a nearly full disk): write the rest, so the
-            # real cause (ENOSPC) surfaces from the next call; no progress at all is EIO.
-            written = 0
-            while written < len(data):
-                n = osc.write(self._fd, data[written:], start + written)
-                if n <= 0:
-                    raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)")
-                written += n
+            self._alloc = preallocate(self._fd, self._alloc, start + len(data), sync=self.sync)
+            write_at(self._fd, data, start)
             crash_point("journal.after_write")
             if self.sync and sync:
                 osc.fdatasync(self._fd)
@@ -529,34 +456,6 @@ class FileStore:
         for obj in sealed:
             ev.apply(state, obj)
         self._offset = start + len(data)
-
-    def _preallocate(self, needed: int) -> None:
-        """Keep zero-filled space ahead of the data, so appends overwrite allocated blocks and
-        their fdatasync flushes data only: an extending append also commits the file size to
-        the filesystem journal, which costs ~50% more per operation (bench/fsync_floor.py)."""
-        if needed <= self._alloc:
-            return
-        size = self._alloc = os.fstat(self._fd).st_size  # another writer may have grown it
-        if needed <= size:
-            return
-        grow = max(PREALLOCATE, needed - size)
-        zeros = bytes(min(grow, 1 << 20))
-        pos = size
-        try:
-            while pos < size + grow:
-                n = osc.write(self._fd, zeros[: size + grow - pos], pos)
-                if n <= 0:
-                    raise OSError(errno.EIO, "short write while preallocating")
-                pos += n
-            if self.sync:
-                osc.fdatasync(self._fd)
-            self._alloc = size + grow
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-                raise
-            # A nearly full disk: give the space back and append without preallocating; the
-            # append itself then succeeds or reports ENOSPC.
-            osc.ftruncate(self._fd, size)
 
     def _fail_append(self, exc: OSError, start: int) -> None:
         """Undo a write that was not made durable, then refuse further writes from this handle.
@@ -635,37 +534,10 @@ class FileStore:
         that is already newer than ours."""
         assert self._state is not None
         data = encode_snapshot(self._state, self._offset)
-        seq = self._state.seq
-        tmp = self.directory / f"{TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
         try:
-            fd = fsutil.open_file(tmp, os.O_WRONLY | os.O_EXCL, create=True)
-            try:
-                half = len(data) // 2
-                view = memoryview(data)
-                pos = 0
-                while pos < len(data):
-                    n = osc.write(fd, bytes(view[pos : pos + (1 << 20)]))
-                    if n <= 0:
-                        raise OSError(errno.EIO, "short write")
-                    pos += n
-                    if pos >= half:
-                        crash_point("snapshot.during_write")
-                if self.sync:
-                    osc.fsync(fd)
-            finally:
-                os.close(fd)
-            crash_point("snapshot.after_fsync")
-            if unlocked and _snapshot_seq(self.snapshot_path) >= seq:
-                os.unlink(tmp)
-                self._snap_offset = self._offset
-                return
-            osc.replace(str(tmp), str(self.snapshot_path))
-            crash_point("snapshot.after_rename")
-            if self.sync:
-                fsutil.fsync_dir(self.directory)
+            written = write_snapshot(self.directory, self.snapshot_path, data, sync=self.sync,
+                                     unless_seq=self._state.seq if unlocked else None)
         except (OSError, FleetclaimsError) as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             self.last_checkpoint_error = exc if isinstance(exc, OSError) else OSError(str(exc))
             import logging  # imported on this rare path only (~4 ms of a cold command)
 
@@ -673,26 +545,16 @@ class FileStore:
                 "fleetclaims: checkpoint of %s skipped: %s", self.location, exc
             )
             return
+        if not written:  # a newer snapshot is there already
+            self._snap_offset = self._offset
+            return
         self._snap_offset = self._offset
         self._snap_size = len(data)
         self.last_checkpoint_error = None
 
     def _sweep_temp_files(self) -> None:
-        """Remove temp snapshots left by writers that died mid-checkpoint: redundant copies of
-        journal state, safe to remove. A temp file of a live process (named by its PID) may be
-        a checkpoint in progress, written outside the lock, and is left alone."""
         self._swept_temps = True
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(self.directory):
-                if not entry.name.startswith(TMP_PREFIX) or not entry.is_file(
-                    follow_symlinks=False
-                ):
-                    continue
-                pid = entry.name[len(TMP_PREFIX) :].split("-", 1)[0]
-                if pid.isdigit() and int(pid) != os.getpid() and pid_exists(int(pid)):
-                    continue
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+        sweep_temp_files(self.directory)
 
     def checkpoint(self) -> None:
         """Write a snapshot now (used by tests, doctor and benchmarks)."""
@@ -719,11 +581,19 @@ class FileStore:
         return self._iter_from(fd, after, end)
 
     def _iter_from(self, fd: int, after: int, end: int) -> Iterator[dict[str, Any]]:
+        path = str(self.journal_path)
         try:
             start = find_offset(fd, after, 0, end, 0)
-            for _, line, complete in iter_lines(fd, start, end):
-                if complete:
-                    yield orjson.loads(line)
+            seq, prev = 0, GENESIS
+            before = line_before(fd, start)
+            if before is not None:  # the chain goes on from the line before (read and checked
+                event = orjson.loads(before[1])  # by this process already)
+                seq, prev = event["seq"], event["hash"]
+            reader = JournalReader(fd, path, offset=start, seq=seq, prev=prev, end=end)
+            for _, _, event in reader.events():
+                yield event
+            if reader.damage is not None:  # the bytes changed since this process read them
+                raise reader.corrupt()
         finally:
             os.close(fd)
 

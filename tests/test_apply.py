@@ -14,7 +14,8 @@ import pytest
 
 from fleetclaims import Registry
 from fleetclaims.core import events as ev
-from fleetclaims.core.model import Claim, Identity, Retired, State, build_claim
+from fleetclaims.core.model import Claim, Identity, Retired
+from fleetclaims.core.state import State
 from fleetclaims.testing import FakeClock, FakeProber
 
 
@@ -87,10 +88,13 @@ def test_replay_builds_plain_frozen_claims_equal_to_their_persisted_form(
     assert state.claims.get("d").owner == "frank"  # type: ignore[union-attr]
 
 
-def test_build_claim_fills_defaults() -> None:
-    claim = build_claim(task="t", owner="o", fence=3)
-    assert claim == Claim("t", "o", 3)
+def test_evolve_is_a_checked_replace() -> None:
+    """Claim.evolve changes the named fields only and refuses a name that is not a field."""
+    claim = Claim("t", "o", 3).evolve(phase="review", seq=4)
+    assert claim == Claim("t", "o", 3, phase="review", seq=4)
     assert type(claim) is Claim
+    with pytest.raises(TypeError):
+        Claim("t", "o", 3).evolve(nonsense=1)
 
 
 def _created(**changes: Any) -> dict[str, Any]:
@@ -156,16 +160,17 @@ def test_apply_accepts_integral_numbers_as_floats() -> None:
     assert claim.boot_deadline is None
 
 
-def test_identity_cache_does_not_merge_lookalike_values() -> None:
+def test_identity_fast_path_does_not_accept_lookalike_values() -> None:
+    """Two grants by one owner process carry equal identities; a float pid equal to an int
+    one is still refused (the fast path takes exact types only, the rest is checked)."""
     state = State()
     ev.apply(state, _created())
-    # A float pid that equals the cached int pid must not come back as the cached identity.
     ev.apply(state, _created(seq=3, task="u", identity={"host": "h", "machine": "m",
                                                         "boot": "b", "pidns": "p", "pid": 5,
                                                         "start": 7}))
     first, second = state.claims.get("t"), state.claims.get("u")
     assert first is not None and second is not None
-    assert first.identity is second.identity  # shared: the same owner process
+    assert first.identity == second.identity  # the same owner process
     with pytest.raises(TypeError):
         ev.apply(state, _created(seq=4, task="v", identity={
             "host": "h", "machine": "m", "boot": "b", "pidns": "p", "pid": 5.0, "start": 7}))

@@ -5,8 +5,9 @@ standard library (a test checks this). Time and probe results come in as argumen
 """
 
 from .events import apply, event_id
-from .model import Claim, ClaimTable, Identity, Now, Retired, State, Verdict
+from .model import Claim, Identity, Now, Retired, Verdict
 from .rules import Decision, Grant
+from .state import ClaimTable, State
 
 __all__ = [
     "Claim",

@@ -1,12 +1,21 @@
-"""Event type names and ``apply``: the only way state changes, live or when replaying the log."""
+"""The event schema, declared once, and ``apply``: the only way state changes, live or when
+replaying the log.
+
+Every event type is declared here with the fields it carries and a one-line narration (what
+``explain`` and the review report say when they have nothing more specific). Every other
+module takes event type names from here. An event on the wire is the dict the journal holds:
+the envelope (``seq``, ``ts``, ``type``, ``prev``, ``hash``; ``ohash`` and ``imported`` after a
+merge) plus the fields of its type.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any, Final
 
-from . import queue
+from . import _fastbuild as fast
 from .model import (
     ACTIVE,
     COMPLETED,
@@ -17,68 +26,149 @@ from .model import (
     Claim,
     Identity,
     Retired,
-    State,
+    Task,
     _float,
     _int,
     _mapping,
-    _new_claim,
-    _new_retired,
+    _names,
     _opt_str,
     _str,
-    claim_replacer,
 )
+from .ports import ClaimView, TaskView
+from .state import State
 
-REGISTRY_CREATED = "registry_created"
-CLAIM_CREATED = "claim_created"
-CLAIM_REJECTED = "claim_rejected"
-LEASE_RENEWED = "lease_renewed"
-CLAIM_RELEASED = "claim_released"
-CLAIM_RELEASED_FORCED = "claim_released_forced"
-CLAIM_COMPLETED = "claim_completed"
-CLAIM_REOPENED = "claim_reopened"
-LEASE_EXPIRED = "lease_expired"
-CLAIM_RECOVERED = "claim_recovered"
-CLAIM_PREEMPTED = "claim_preempted"
-PHASE_CHANGED = "phase_changed"
-CLAIM_HANDED_OFF = "claim_handed_off"
-CLAIM_SUPERSEDED = "claim_superseded"
-REGISTRY_REBUILT = "registry_rebuilt"
-JOURNAL_TAIL_REPAIRED = "journal_tail_repaired"
-REGISTRIES_MERGED = "registries_merged"
+ENVELOPE: Final = ("seq", "ts", "type", "prev", "hash")
+# What every grant carries (claim_created, claim_recovered, claim_preempted, claim_handed_off).
+_DEADLINE = ("ttl", "expires_at", "boot_deadline", "deadline_boot")
+_GRANT = ("task", "actor", "owner", "fence", "token_hash", "phase", "priority", "note",
+          "metadata", "identity", *_DEADLINE)
+_HOLDER = ("task", "actor", "owner", "fence")  # an event about the current holder's claim
+_QUEUE_SPEC = ("task", "actor", "priority", "depends_on", "labels", "note")
 
-GRANTS = frozenset({CLAIM_CREATED, CLAIM_RECOVERED, CLAIM_PREEMPTED, CLAIM_HANDED_OFF})
-ALL_TYPES = frozenset(
-    {
-        REGISTRY_CREATED,
-        CLAIM_CREATED,
-        CLAIM_REJECTED,
-        LEASE_RENEWED,
-        CLAIM_RELEASED,
-        CLAIM_RELEASED_FORCED,
-        CLAIM_COMPLETED,
-        CLAIM_REOPENED,
-        LEASE_EXPIRED,
-        CLAIM_RECOVERED,
-        CLAIM_PREEMPTED,
-        PHASE_CHANGED,
-        CLAIM_HANDED_OFF,
-        CLAIM_SUPERSEDED,
-        REGISTRY_REBUILT,
-        JOURNAL_TAIL_REPAIRED,
-        REGISTRIES_MERGED,
-        *queue.TASK_EVENTS,
-    }
-)
+
+class _Blank(dict[str, Any]):
+    """A missing field narrates as "?"."""
+
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+@dataclass(frozen=True, slots=True)
+class EventType:
+    """One event type: its name, the fields every instance carries (beyond the envelope),
+    the fields some instances carry, and a one-line narration (a ``str.format`` template over
+    the event's fields)."""
+
+    name: str
+    fields: tuple[str, ...]
+    optional: tuple[str, ...]
+    narration: str
+
+    def narrate(self, event: Mapping[str, Any]) -> str:
+        """The narration with the event's fields filled in ("?" for a missing one)."""
+        return self.narration.format_map(_Blank(event))
+
+
+_SCHEMA: dict[str, EventType] = {}
+
+
+def _declare(name: str, fields: tuple[str, ...], narration: str,
+             optional: tuple[str, ...] = ()) -> str:
+    _SCHEMA[name] = EventType(name, fields, optional, narration)
+    return name
+
+
+REGISTRY_CREATED: Final = _declare(
+    "registry_created", ("origin", "actor"), "registry {origin} was created")
+CLAIM_CREATED: Final = _declare(
+    "claim_created", _GRANT, "{owner} claimed {task} (fence {fence})", ("reason",))
+CLAIM_REJECTED: Final = _declare(
+    "claim_rejected", ("task", "actor", "owner", "reason"),
+    "{owner} was refused {task}: {reason}", ("holder", "fence", "expires_at"))
+LEASE_RENEWED: Final = _declare(
+    "lease_renewed", (*_HOLDER, *_DEADLINE), "{owner} renewed the lease on {task} (fence {fence})")
+CLAIM_RELEASED: Final = _declare(
+    "claim_released", _HOLDER, "{owner} released {task} (fence {fence})", ("expired",))
+CLAIM_RELEASED_FORCED: Final = _declare(
+    "claim_released_forced", (*_HOLDER, "reason"),
+    "{actor} force-released {owner}'s claim on {task} (fence {fence}): {reason}")
+CLAIM_COMPLETED: Final = _declare(
+    "claim_completed", (*_HOLDER, "result"), "{owner} completed {task} (fence {fence})")
+CLAIM_REOPENED: Final = _declare(
+    "claim_reopened", (*_HOLDER, "reason"), "{actor} reopened {task}: {reason}")
+LEASE_EXPIRED: Final = _declare(
+    "lease_expired", (*_HOLDER, "reason", "expires_at"),
+    "{owner}'s claim on {task} (fence {fence}) was marked stale: {reason}")
+CLAIM_RECOVERED: Final = _declare(
+    "claim_recovered", (*_GRANT, "prev_owner", "prev_fence", "reason", "via"),
+    "{owner} took {task} over from {prev_owner} (fence {prev_fence} -> {fence}): {reason}")
+CLAIM_PREEMPTED: Final = _declare(
+    "claim_preempted", (*_GRANT, "prev_owner", "prev_fence", "rule"),
+    "{owner} preempted {prev_owner} on {task} (fence {prev_fence} -> {fence}); rule: {rule}")
+PHASE_CHANGED: Final = _declare(
+    "phase_changed", (*_HOLDER, "from_phase", "phase", *_DEADLINE),
+    "{owner} moved {task} from {from_phase} to {phase}")
+CLAIM_HANDED_OFF: Final = _declare(
+    "claim_handed_off", (*_GRANT, "prev_owner", "prev_fence"),
+    "{prev_owner} handed {task} off to {owner} (fence {prev_fence} -> {fence})")
+CLAIM_SUPERSEDED: Final = _declare(
+    "claim_superseded",
+    (*_HOLDER, "winner", "loser", "loser_fence", "loser_token_hash", "rule"),
+    "merge: {loser}'s claim on {task} (fence {loser_fence}) was superseded by {winner}'s "
+    "(fence {fence}); rule: {rule}")
+REGISTRY_REBUILT: Final = _declare(
+    "registry_rebuilt", ("actor", "reason"), "the registry was rebuilt: {reason}",
+    ("claims", "tasks", "quarantined", "journal_quarantined", "origin", "fence_floor",
+     "lost_claims"))
+JOURNAL_TAIL_REPAIRED: Final = _declare(
+    "journal_tail_repaired", ("actor", "offset", "bytes", "quarantined"),
+    "an incomplete journal tail ({bytes} bytes at offset {offset}) was quarantined")
+REGISTRIES_MERGED: Final = _declare(
+    "registries_merged",
+    ("actor", "source", "source_origin", "imported_events", "claims", "fence_floor",
+     "conflicts"),
+    "registry merged from {source}", ("tasks", "task_conflicts", "origin"))
+TASK_ADDED: Final = _declare(
+    "task_added", _QUEUE_SPEC, "{actor} added {task} to the queue (priority {priority})")
+TASK_UPDATED: Final = _declare(
+    "task_updated", (*_QUEUE_SPEC, "changed"),
+    "{actor} updated {task} in the queue (priority {priority})")
+TASK_BLOCKED: Final = _declare(
+    "task_blocked", ("task", "actor", "reason"), "{actor} blocked {task}: {reason}")
+TASK_UNBLOCKED: Final = _declare(
+    "task_unblocked", ("task", "actor", "reason"), "{actor} unblocked {task}")
+BECAME_READY: Final = _declare(
+    "became_ready", ("task", "actor", "after"), "{task} became ready")
+
+SCHEMA: Final[Mapping[str, EventType]] = MappingProxyType(_SCHEMA)
+ALL_TYPES: Final = frozenset(SCHEMA)
+GRANTS: Final = frozenset({CLAIM_CREATED, CLAIM_RECOVERED, CLAIM_PREEMPTED, CLAIM_HANDED_OFF})
+# A claim's end: the holder let go, finished, or was made to let go.
+ENDS: Final = frozenset({CLAIM_RELEASED, CLAIM_RELEASED_FORCED, CLAIM_COMPLETED})
+# How a holder loses a claim it did not give up.
+LOSSES: Final = frozenset({LEASE_EXPIRED, CLAIM_RECOVERED, CLAIM_PREEMPTED, CLAIM_SUPERSEDED,
+                           CLAIM_RELEASED_FORCED})
+# Events about the registry itself rather than one task.
+REGISTRY_EVENTS: Final = frozenset({REGISTRY_REBUILT, JOURNAL_TAIL_REPAIRED, REGISTRIES_MERGED})
+TASK_EVENTS: Final = frozenset({TASK_ADDED, TASK_UPDATED, TASK_BLOCKED, TASK_UNBLOCKED,
+                                BECAME_READY})
 # Journal bookkeeping that changes no claim.
 _NO_CLAIM_CHANGE = frozenset({CLAIM_REJECTED, JOURNAL_TAIL_REPAIRED, REGISTRY_CREATED})
 # Events that change one claim (handled by _apply_claim_event).
-_CLAIM_CHANGES = ALL_TYPES - _NO_CLAIM_CHANGE - queue.TASK_EVENTS - {
+_CLAIM_CHANGES = ALL_TYPES - _NO_CLAIM_CHANGE - TASK_EVENTS - {
     REGISTRIES_MERGED, REGISTRY_REBUILT}
 _RETIRE_CAUSE = {
     CLAIM_RECOVERED: "recovered",
     CLAIM_PREEMPTED: "preempted",
     CLAIM_HANDED_OFF: "handed_off",
 }
+
+
+def narrate(event: Mapping[str, Any]) -> str:
+    """The schema's one-line narration of ``event`` (its type name when the type is unknown)."""
+    kind = event.get("type")
+    found = SCHEMA.get(kind) if isinstance(kind, str) else None
+    return str(kind) if found is None else found.narrate(event)
 
 
 def event_id(event: dict[str, Any]) -> str:
@@ -121,8 +211,8 @@ def apply(state: State, event: dict[str, Any]) -> State:
             state.origin = event["origin"]
         _apply_merge(state, event, seq)
         state.tasks.drop_index()  # claims changed wholesale: rebuilt on next use
-    elif kind in queue.TASK_EVENTS:
-        queue.apply_task_event(state.tasks, state.claims, kind, event, seq,
+    elif kind in TASK_EVENTS:
+        _apply_task_event(state.tasks, state.claims, kind, event, seq,
                                _float(event["ts"]))
     elif kind not in _NO_CLAIM_CHANGE:
         raise ValueError(f"unknown event type {kind!r}")
@@ -152,47 +242,41 @@ def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int)
     if current is None:
         raise ValueError(f"{kind} for task {task!r} that has no claim")
     if kind == LEASE_RENEWED:
-        new = _renewed(current, ts, *_deadline(event.get), seq, eid)
+        new = fast.renewed(current, ts, *_deadline(event.get), seq, eid)
     elif kind == PHASE_CHANGED:
-        new = _phase_changed(current, _str(event["phase"]), ts, *_deadline(event.get), seq, eid)
+        new = fast.phase_changed(current, _str(event["phase"]), ts, *_deadline(event.get), seq, eid)
     elif kind in (CLAIM_RELEASED, CLAIM_RELEASED_FORCED):
         forced = kind == CLAIM_RELEASED_FORCED
         old = _retire(current, "forced" if forced else "released", ts,
                       by=_opt_str(event.get("actor")) if forced else None,
                       rule=_opt_str(event.get("reason")) if forced else None)
-        new = _ended(current, RELEASED, ts, _keep(current, old), seq, eid)
+        new = fast.ended(current, RELEASED, ts, _keep(current, old), seq, eid)
     elif kind == CLAIM_COMPLETED:
-        new = _completed(current, COMPLETED, ts, event.get("result"), seq, eid)
+        new = fast.completed(current, COMPLETED, ts, event.get("result"), seq, eid)
     elif kind == CLAIM_REOPENED:
         old = _retire(current, "completed", ts)
-        new = _ended(current, RELEASED, ts, _keep(current, old), seq, eid)
+        new = fast.ended(current, RELEASED, ts, _keep(current, old), seq, eid)
     elif kind == LEASE_EXPIRED:
-        new = _expired(current, EXPIRED, _opt_str(event.get("reason")), ts, seq, eid)
+        new = fast.expired(current, EXPIRED, _opt_str(event.get("reason")), ts, seq, eid)
     elif kind == CLAIM_SUPERSEDED:
-        loser = _new_retired(
+        loser = fast.new_retired(
             _str(event["loser_token_hash"]), _int(event["loser_fence"]), _str(event["loser"]),
             "superseded", _str(event["winner"]), _str(event["rule"]), ts, None,
         )
         retired = current.retired
         if not any(r.token_hash == loser.token_hash for r in retired):
             retired = (*retired, loser)[-RETIRED_KEPT:]
-        new = _superseded(current, retired, seq, eid)
+        new = fast.superseded(current, retired, seq, eid)
     else:  # pragma: no cover - every type is handled above
         raise ValueError(f"unhandled event type {kind!r}")
     claims[task] = new
 
 
 # Straight-line construction: these run for every line a process applies, its own and those
-# other writers appended (bench/profile_claims.py --procs 4), so they avoid keyword dicts and
-# the frozen dataclass __init__. Each value is checked as Claim.from_dict would; the
-# ``type(v) is ...`` tests only skip the checking call for the common exact types.
-_DEADLINE = ("ttl", "expires_at", "boot_deadline", "deadline_boot")
-_renewed = claim_replacer("renewed_at", *_DEADLINE, "seq", "eid")
-_phase_changed = claim_replacer("phase", "renewed_at", *_DEADLINE, "seq", "eid")
-_ended = claim_replacer("state", "ended_at", "retired", "seq", "eid")
-_completed = claim_replacer("state", "ended_at", "result", "seq", "eid")
-_expired = claim_replacer("state", "stale_reason", "ended_at", "seq", "eid")
-_superseded = claim_replacer("retired", "seq", "eid")
+# other writers appended (bench/profile_claims.py --procs 4), so they use the fast
+# constructors of _fastbuild (positional, no frozen dataclass __init__). Each value is
+# checked as Claim.from_dict would; the ``type(v) is ...`` tests only skip the checking call
+# for the common exact types.
 
 
 def _opt_float_fast(value: Any) -> float | None:
@@ -242,45 +326,30 @@ def _granted(
         raise TypeError("metadata must be an object")
     ident = get("identity")
     ttl, expires_at, boot_deadline, deadline_boot = _deadline(get)
-    return _new_claim(
+    return fast.new_claim(
         task, owner, fence, ACTIVE, phase, token_hash, ts, ts, expires_at, ttl, boot_deadline,
         deadline_boot, priority, note, metadata, None,
         None if ident is None else _identity(ident), None, None, seq, eid, retired, None,
     )
 
 
-_IDENTITIES: dict[tuple[Any, ...], Identity] = {}
-_IDENTITIES_MAX = 1024
-
-
 def _identity(data: Any) -> Identity:
-    """``Identity.from_dict``, shared between the many grants one process makes: the same owner
-    process appears on line after line, and building and checking it costs more than a lookup.
-    Only exact str/int members are cached (a str equals only a str, and an exact int only an
-    int or a float, ruled out by the type test), so a malformed value is still checked."""
+    """``Identity.from_dict`` for the common exact types without its keyword call; anything
+    else (a missing member, another type) goes through ``from_dict`` and its checks."""
     if type(data) is dict:
         get = data.get
-        key = (get("host"), get("machine"), get("boot"), get("pidns"), get("pid"), get("start"))
-        if type(key[4]) is int and type(key[5]) is int:
-            try:
-                found = _IDENTITIES.get(key)
-            except TypeError:  # an unhashable member: checked by from_dict below
-                found = None
-            if found is not None:
-                return found
-            if all(type(v) is str for v in key[:4]):
-                found = Identity.from_dict(data)
-                if len(_IDENTITIES) >= _IDENTITIES_MAX:
-                    _IDENTITIES.clear()
-                _IDENTITIES[key] = found
-                return found
+        host, machine, boot = get("host"), get("machine"), get("boot")
+        pidns, pid, start = get("pidns"), get("pid"), get("start")
+        if (type(host) is str and type(machine) is str and type(boot) is str
+                and type(pidns) is str and type(pid) is int and type(start) is int):
+            return fast.new_identity(host, machine, boot, pidns, pid, start)
     return Identity.from_dict(_mapping(data))
 
 
 def _retire(
     claim: Claim, cause: str, ts: float, *, by: str | None = None, rule: str | None = None
 ) -> Retired:
-    return _new_retired(claim.token_hash, claim.fence, claim.owner, cause, by, rule, ts,
+    return fast.new_retired(claim.token_hash, claim.fence, claim.owner, cause, by, rule, ts,
                         claim.expires_at)
 
 
@@ -295,6 +364,43 @@ def _apply_merge(state: State, event: dict[str, Any], seq: int) -> None:
         claim = Claim.from_dict(_mapping(data))
         state.claims[claim.task] = claim.evolve(seq=seq)
     for data in event.get("tasks") or []:
-        record = queue.Task.from_dict(_mapping(data))
+        record = Task.from_dict(_mapping(data))
         state.tasks.put(replace(record, seq=seq), state.claims)
     state.fence = max(state.fence, _int(event.get("fence_floor", 0)))
+
+
+def _apply_task_event(tasks: TaskView, claims: ClaimView, kind: str, event: dict[str, Any],
+                     seq: int, ts: float) -> None:
+    """Apply one work-queue event."""
+    name = _str(event["task"])
+    if kind == BECAME_READY:
+        return  # a record for reviewers; readiness itself is derived
+    current = tasks.get(name)
+    eid = _str(event.get("ohash") or event["hash"])
+    if kind in (TASK_ADDED, TASK_UPDATED):
+        record = Task(
+            task=name,
+            priority=_int(event.get("priority", 100)),
+            depends_on=_names(event.get("depends_on") or ()),
+            labels=_names(event.get("labels") or ()),
+            note=_opt_str(event.get("note")),
+            added_at=ts if current is None else current.added_at,
+            added_by=_str(event.get("actor") or "") if current is None else current.added_by,
+            blocked=None if current is None else current.blocked,
+            blocked_by=None if current is None else current.blocked_by,
+            seq=seq,
+            eid=eid,
+            changed_at=ts,
+        )
+    elif current is None:
+        raise ValueError(f"{kind} for task {name!r} that is not in the queue")
+    elif kind == TASK_BLOCKED:
+        record = replace(current, blocked=_str(event.get("reason") or "blocked"),
+                         blocked_by=_opt_str(event.get("actor")), seq=seq, eid=eid,
+                         changed_at=ts)
+    elif kind == TASK_UNBLOCKED:
+        record = replace(current, blocked=None, blocked_by=None, seq=seq, eid=eid,
+                         changed_at=ts)
+    else:  # pragma: no cover - TASK_EVENTS is handled above
+        raise ValueError(f"unhandled event type {kind!r}")
+    tasks.put(record, claims)

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import events as ev
-from . import queue
 from .durations import format_duration, iso
 
 
@@ -84,21 +83,21 @@ def describe(e: dict[str, Any]) -> str:
                 f"by {e.get('winner')}'s (fence {fence}); rule: {e.get('rule')}")
     elif kind == ev.REGISTRIES_MERGED:
         text = f"registry merged from {e.get('source')}"
-    elif kind in (queue.TASK_ADDED, queue.TASK_UPDATED):
+    elif kind in (ev.TASK_ADDED, ev.TASK_UPDATED):
         deps = e.get("depends_on") or []
-        text = (f"{e.get('actor')} {'added it to' if kind == queue.TASK_ADDED else 'updated it in'}"
+        text = (f"{e.get('actor')} {'added it to' if kind == ev.TASK_ADDED else 'updated it in'}"
                 f" the queue (priority {e.get('priority')}"
                 + (f", after {', '.join(map(str, deps))}" if deps else "")
                 + (f", labels {', '.join(map(str, e.get('labels') or []))}"
                    if e.get("labels") else "")
                 + (f"; changed {', '.join(map(str, e.get('changed') or []))}"
-                   if kind == queue.TASK_UPDATED else "") + ")")
-    elif kind == queue.TASK_BLOCKED:
+                   if kind == ev.TASK_UPDATED else "") + ")")
+    elif kind == ev.TASK_BLOCKED:
         text = f"{e.get('actor')} blocked it: {e.get('reason')}"
-    elif kind == queue.TASK_UNBLOCKED:
+    elif kind == ev.TASK_UNBLOCKED:
         text = f"{e.get('actor')} unblocked it" + (
             f": {e.get('reason')}" if e.get("reason") else "")
-    elif kind == queue.BECAME_READY:
+    elif kind == ev.BECAME_READY:
         after = e.get("after")
         text = "it became ready" + (" (unblocked)" if after == "unblock"
                                      else f" ({after} was completed)" if after else "")
@@ -127,7 +126,7 @@ def explain(task: str, events: list[dict[str, Any]]) -> Explanation:
         if e.get("imported"):
             continue
         when = iso(e.get("ts"))
-        if kind == queue.TASK_ADDED and not queued:
+        if kind == ev.TASK_ADDED and not queued:
             queued = True
             if state == "never claimed":
                 why = f"it is in the work queue ({describe(e)} at {when}) but nobody claimed it"

@@ -13,10 +13,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import events as ev
-from .model import COMPLETED, EXPIRED, RELEASED, RETIRED_KEPT, Claim, Now, Retired, State
-from .queue import Task, find_cycle
+from .model import COMPLETED, EXPIRED, RELEASED, RETIRED_KEPT, Claim, Now, Retired, Task
+from .queue import find_cycle
 from .resolver import compare
 from .rules import lease_expired
+from .state import State
 
 _SKIP_ON_IMPORT = ("seq", "prev", "hash", "ohash")
 

@@ -29,11 +29,12 @@ from .model import (
     Claim,
     Identity,
     Now,
-    State,
+    Task,
     Verdict,
 )
 from .model import UNKNOWN_VERDICT as UNKNOWN
 from .resolver import compare
+from .state import State
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,7 +479,7 @@ def decide_sweep(state: State, now: Now, verdict_of: VerdictOf, actor: str) -> D
 # --- the work queue ------------------------------------------------------------------------
 
 
-def decide_add(state: State, spec: queue.Task, actor: str) -> Decision:
+def decide_add(state: State, spec: Task, actor: str) -> Decision:
     """Put a task in the queue, or update it; an identical repeat writes nothing."""
     try:
         events, current = queue.add_events(state.tasks, spec, actor)
@@ -504,7 +505,7 @@ def decide_block(state: State, task: str, reason: str, actor: str) -> Decision:
         return Decision((), exc)
     if current.blocked == reason:
         return Decision(result=False)
-    event = {"type": queue.TASK_BLOCKED, "task": task, "actor": actor, "reason": reason}
+    event = {"type": ev.TASK_BLOCKED, "task": task, "actor": actor, "reason": reason}
     return Decision((event,), result=True)
 
 
@@ -517,9 +518,9 @@ def decide_unblock(state: State, task: str, actor: str, reason: str | None) -> D
     if current.blocked is None:
         return Decision(result=False)
     events: list[dict[str, Any]] = [
-        {"type": queue.TASK_UNBLOCKED, "task": task, "actor": actor, "reason": reason}]
+        {"type": ev.TASK_UNBLOCKED, "task": task, "actor": actor, "reason": reason}]
     if queue.status(replace(current, blocked=None), state.claims).status == queue.READY:
-        events.append({"type": queue.BECAME_READY, "task": task, "actor": actor,
+        events.append({"type": ev.BECAME_READY, "task": task, "actor": actor,
                        "after": "unblock"})
     return Decision(tuple(events), result=True)
 

@@ -6,8 +6,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..core.model import Now, State
+from ..core.model import Now
 from ..core.rules import Decision
+from ..core.state import State
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ import orjson
 
 from ..core import events as ev
 from ..core.chain import envelope, seal
-from ..core.model import State
 from ..core.rules import Decision
+from ..core.state import State
 from ..system import Clock
 from .base import Decide, VerifyReport
 from .file.journal import parse_line

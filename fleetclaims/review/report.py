@@ -16,20 +16,22 @@ from datetime import datetime, timezone
 from html import escape
 from typing import Any
 
+from ..core import events as ev
+
 Event = Mapping[str, Any]
 
-GRANT_TYPES = frozenset({"claim_created", "claim_recovered", "claim_preempted", "claim_handed_off"})
-END_TYPES = frozenset({"claim_released", "claim_released_forced", "claim_completed",
-                       "lease_expired"})
-LOST_TYPES = frozenset({"lease_expired", "claim_recovered", "claim_preempted", "claim_superseded",
-                        "claim_released_forced"})
+GRANT_TYPES = ev.GRANTS
+# What ends a holding on the timeline: the claim's end, or its lease marked stale.
+END_TYPES = ev.ENDS | {ev.LEASE_EXPIRED}
+LOST_TYPES = ev.LOSSES
 MARKER_KINDS: dict[str, str] = {
-    "claim_rejected": "rejected", "lease_expired": "expired", "claim_recovered": "recovered",
-    "claim_preempted": "preempted", "claim_handed_off": "handed_off",
-    "claim_completed": "completed", "claim_released_forced": "forced_release",
-    "claim_superseded": "superseded", "claim_reopened": "reopened",
+    ev.CLAIM_REJECTED: "rejected", ev.LEASE_EXPIRED: "expired",
+    ev.CLAIM_RECOVERED: "recovered", ev.CLAIM_PREEMPTED: "preempted",
+    ev.CLAIM_HANDED_OFF: "handed_off", ev.CLAIM_COMPLETED: "completed",
+    ev.CLAIM_RELEASED_FORCED: "forced_release", ev.CLAIM_SUPERSEDED: "superseded",
+    ev.CLAIM_REOPENED: "reopened",
 }
-REGISTRY_TYPES = frozenset({"registry_rebuilt", "journal_tail_repaired", "registries_merged"})
+REGISTRY_TYPES = ev.REGISTRY_EVENTS
 CSV_COLUMNS = ("seq", "ts", "time", "type", "task", "owner", "actor", "fence", "reason", "extra")
 _FIELDS = ("seq", "ts", "type", "task", "owner", "actor", "fence", "reason")
 
@@ -149,18 +151,18 @@ def holdings(events: Iterable[Event], *, generated_at: float | None = None) -> l
         if kind is None or task is None or seq is None or ts is None:
             continue
         if kind in GRANT_TYPES:  # ends the grant it replaces; a new claim replaces none
-            if kind != "claim_created":  # (a duplicate from a merge runs alongside)
+            if kind != ev.CLAIM_CREATED:  # (a duplicate from a merge runs alongside)
                 close(task, _int(e.get("prev_fence")), e, kind)
             live.setdefault(task, []).append(Holding(
                 task, _str(e.get("owner")) or "?", _int(e.get("fence")), seq, ts, kind,
                 None, ts, "held", expires_at=_num(e.get("expires_at"))))
-        elif kind in ("lease_renewed", "phase_changed"):
+        elif kind in (ev.LEASE_RENEWED, ev.PHASE_CHANGED):
             f = _int(e.get("fence"))
             live[task] = [replace(h, expires_at=_num(e.get("expires_at")))
                           if f is None or h.fence == f else h for h in live.get(task, [])]
         elif kind in END_TYPES:
             close(task, _int(e.get("fence")), e, kind)
-        elif kind == "claim_superseded":
+        elif kind == ev.CLAIM_SUPERSEDED:
             close(task, _int(e.get("loser_fence")), e, kind)
     for hs in live.values():
         for h in hs:
@@ -213,8 +215,8 @@ def owner_summary(
         hi = h.held_until if until is None else min(h.held_until, until)
         if hi > lo:
             bump(h.owner, "held_seconds", hi - lo)
-    keys = {"claim_completed": "completions", "claim_recovered": "recoveries",
-            "claim_rejected": "rejected"}
+    keys = {ev.CLAIM_COMPLETED: "completions", ev.CLAIM_RECOVERED: "recoveries",
+            ev.CLAIM_REJECTED: "rejected"}
     for e in evs:
         key, owner, ts = keys.get(str(e.get("type"))), _str(e.get("owner")), _num(e.get("ts"))
         if key and owner is not None and ts is not None and _in(ts, since, until) and (

@@ -56,7 +56,7 @@ def test_long_lists_are_capped(file_registry: Registry, clock: FakeClock) -> Non
     for i in range(SHOWN + 3):
         file_registry.claim(f"t{i:02d}", owner="b", ttl=600, process=False)
     text = render(build(file_registry, None, clock.now().wall))
-    assert "... and 3 more (fleetclaims list)" in text
+    assert "... and 3 more (fleetclaims claims)" in text
     assert text.count(" b (fence ") == SHOWN
     assert "You (" not in text  # no owner given: no personal section
 

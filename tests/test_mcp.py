@@ -16,8 +16,9 @@ from mcp.types import CallToolResult, TextContent
 
 from fleetclaims import Registry
 
-TOOLS = {"claim", "renew", "release", "complete", "recover", "handoff", "show", "list",
-         "events", "explain", "sweep", "brief", "next", "ready"}
+TOOLS = {"claim", "renew", "release", "complete", "recover", "handoff", "get", "claims",
+         "events", "explain", "sweep", "brief", "claim_next", "ready",
+         "show", "list", "next"}  # the last three: older names, kept as aliases
 
 
 @asynccontextmanager
@@ -91,6 +92,12 @@ def test_two_agents_claim_conflict_renew_complete(tmp_path: Path) -> None:
             assert done["state"] == "completed"
             shown = await call(b, "show", task="issue-42")
             assert shown["state"] == "completed" and shown["owner"] == "agent-a"
+            got = await call(b, "get", task="issue-42")  # the canonical name of show
+            assert (got["state"], got["owner"], got["fence"]) == ("completed", "agent-a", 1)
+            finished = await call(b, "claims", include_finished=True)
+            older = await call(b, "list", include_finished=True)  # the alias answers the same
+            assert [c["task"] for c in finished["claims"]] == ["issue-42"]
+            assert [c["task"] for c in older["claims"]] == ["issue-42"]
             err = await error(b, "claim", task="issue-42")
             assert err["error"] == "completed"
 
@@ -212,7 +219,7 @@ def test_two_agents_share_the_work_queue(tmp_path: Path) -> None:
             assert [t["task"] for t in ready["ready"]] == ["base", "other"]
             assert ready["queue"]["pending"] == 1
             got_a = await call(a, "next", ttl=60)
-            got_b = await call(b, "next", ttl=60)
+            got_b = await call(b, "claim_next", ttl=60)  # `next` is its older name
             assert (got_a["task"], got_b["task"]) == ("base", "other")
             assert "token" not in got_a and got_a["claimed"] is True
             none = await call(b, "next")

@@ -43,7 +43,7 @@ def build(reg: Registry, owner: str | None, now: float) -> dict[str, Any]:
     ready = [{"task": t.task, "priority": t.priority, "labels": list(t.labels)}
              for t in reg.ready()]
     commands = {
-        "next": f"fleetclaims next --owner {me} --ttl 10m   # the best ready task of the queue",
+        "claim-next": f"fleetclaims claim-next --owner {me} --ttl 10m   # the best ready task",
         "claim": f"fleetclaims claim TASK --owner {me} --ttl 10m",
         "run": f"fleetclaims run TASK --owner {me} -- CMD ARGS...",
         "renew": "fleetclaims renew TASK --token $FLEETCLAIMS_TOKEN",
@@ -81,7 +81,7 @@ def render(doc: dict[str, Any]) -> str:
             note = f' "{e["note"]}"' if e["note"] else ""
             lines.append(f"  {e['task']}{who} (fence {e['fence']}, {e['phase']}) {when}{note}")
         if len(entries) > SHOWN:
-            lines.append(f"  ... and {len(entries) - SHOWN} more (fleetclaims list)")
+            lines.append(f"  ... and {len(entries) - SHOWN} more (fleetclaims claims)")
 
     if owner is not None:
         mine = doc["mine"]
@@ -100,7 +100,7 @@ def render(doc: dict[str, Any]) -> str:
     if doc["queue"]:
         counts = ", ".join(f"{n} {k}" for k, n in doc["queue"].items() if n)
         lines.append("")
-        lines.append(f"Work queue ({counts}); take the next with `fleetclaims next`:")
+        lines.append(f"Work queue ({counts}); take the next with `fleetclaims claim-next`:")
         for t in doc["ready"][:SHOWN]:
             labels = f" [{', '.join(t['labels'])}]" if t["labels"] else ""
             lines.append(f"  {t['task']} (priority {t['priority']}){labels}")

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import EXIT_NOT_HOLDER, EXIT_OK, EXIT_USAGE, FleetclaimsError
+from ..core.errors import FleetclaimsError
 
 if TYPE_CHECKING:
     from ..api import Registry
@@ -20,7 +20,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class GuardResult:
-    """The outcome of one check: ``ok``, or a refusal saying why and what to do next."""
+    """The outcome of one check: ``ok``, or a refusal saying why and what to do next.
+
+    ``code`` is an error code (``invalid``, ``fence_mismatch``, ``stale``, ``lease_expired``
+    ...); the command line turns it into the exit status (cli.output.EXIT_CODES)."""
 
     ok: bool
     task: str | None = None
@@ -29,7 +32,6 @@ class GuardResult:
     reason: str = ""
     next_action: str = ""
     holder: str | None = None
-    exit_code: int = EXIT_OK
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "task": self.task, "fence": self.fence, "code": self.code,
@@ -58,7 +60,7 @@ def claim_env(env: Mapping[str, str]) -> ClaimEnv | GuardResult | None:
                if not v]
     if missing:
         return GuardResult(
-            False, task, code="invalid", exit_code=EXIT_USAGE,
+            False, task, code="invalid",
             reason=f"FLEETCLAIMS_TASK is set but {' and '.join(missing)} is not",
             next_action="Work under `fleetclaims run TASK --owner O -- CMD`, which exports all "
             "three, or unset FLEETCLAIMS_TASK outside a claimed run.")
@@ -67,7 +69,7 @@ def claim_env(env: Mapping[str, str]) -> ClaimEnv | GuardResult | None:
     except ValueError:
         fence = -1
     if fence < 1:
-        return GuardResult(False, task, code="invalid", exit_code=EXIT_USAGE,
+        return GuardResult(False, task, code="invalid",
                            reason=f"FLEETCLAIMS_FENCE is not a positive integer: {fence_text!r}",
                            next_action="Export the fence printed by claim (or use fleetclaims "
                            "run, which exports it).")
@@ -89,13 +91,13 @@ def check(reg: Registry, claim: ClaimEnv) -> GuardResult:
         now = reg._now()
         current, refusal = rules.holder_check(state, validate.task(claim.task), th, now)
     except FleetclaimsError as exc:
-        return _refused(claim, exc)
+        return refused(claim, exc)
     if current is None:
         assert refusal.error is not None
-        return _refused(claim, refusal.error)
+        return refused(claim, refusal.error)
     if current.fence != claim.fence:
         return GuardResult(
-            False, claim.task, claim.fence, code="fence_mismatch", exit_code=EXIT_NOT_HOLDER,
+            False, claim.task, claim.fence, code="fence_mismatch",
             holder=current.owner,
             reason=f"the claim on {claim.task!r} now has fence {current.fence}, not "
             f"{claim.fence}: the work was started under an earlier grant",
@@ -104,7 +106,7 @@ def check(reg: Registry, claim: ClaimEnv) -> GuardResult:
     stale = reg.is_stale(current)
     if stale is not None:
         return GuardResult(
-            False, claim.task, claim.fence, code="stale", exit_code=EXIT_NOT_HOLDER,
+            False, claim.task, claim.fence, code="stale",
             holder=current.owner,
             reason=f"the claim on {claim.task!r} (fence {claim.fence}) is stale: {stale}",
             next_action="Anyone may take it over now; renew it if you still run, or recover "
@@ -113,8 +115,9 @@ def check(reg: Registry, claim: ClaimEnv) -> GuardResult:
                        reason=f"{current.owner} holds {claim.task!r} (fence {claim.fence})")
 
 
-def _refused(claim: ClaimEnv, exc: FleetclaimsError) -> GuardResult:
+def refused(claim: ClaimEnv, exc: FleetclaimsError) -> GuardResult:
+    """The refusal for ``claim`` that ``exc`` (raised while checking it) stands for."""
     holder = getattr(exc, "holder", None)
-    return GuardResult(False, claim.task, claim.fence, code=exc.code, exit_code=exc.exit_code,
+    return GuardResult(False, claim.task, claim.fence, code=exc.code,
                        reason=exc.message, holder=holder if isinstance(holder, str) else None,
                        next_action=exc.hint or "Stop working on this task.")

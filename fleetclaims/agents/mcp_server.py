@@ -5,6 +5,9 @@ name. The server keeps the tokens of the claims it made (claim, recover) and use
 tool is called without one: the agent never copies secrets around. The server process is the
 claims' owner process, so if it dies its claims become stale at once and can be recovered.
 
+Tool names are the Registry's method names (``get``, ``claims``, ``claim_next``); the older
+names ``show``, ``list`` and ``next`` stay as aliases (ALIASES) for clients that use them.
+
 Results are compact JSON. Errors come back as tool errors (``isError``) whose text is a JSON
 object with the typed error's ``error`` code, ``message``, ``holder`` where there is one, and
 ``next_action`` phrased in terms of these tools.
@@ -22,6 +25,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
+from .._version import __version__
 from ..core.errors import ClaimConflict, FleetclaimsError, NotHolder
 from . import brief
 
@@ -59,12 +63,12 @@ def _next_action(exc: FleetclaimsError) -> str:
             return f"The claim is stale ({exc.reason}): call recover with task={task!r} and a " \
                    "reason to take it over."
         return (f"Do not work on {task!r}: {exc.holder} holds it. Pick another task (call "
-                "brief or list), or call show later to see whether it was released.")
+                "brief or claims), or call get later to see whether it was released.")
     if exc.code == "completed":
         return f"{task!r} is done; pick another task. Reopening it is for a human " \
                f"(`fleetclaims reopen {task} --reason ...`)."
     if isinstance(exc, NotHolder):
-        return (f"Stop working on {task!r} and do not commit that work; call show or explain to "
+        return (f"Stop working on {task!r} and do not commit that work; call get or explain to "
                 "see who holds it, and claim it again only if it is free.")
     if exc.code == "invalid":
         return "Fix the argument and call the tool again; nothing was written."
@@ -154,19 +158,19 @@ class ClaimsServer:
             task, owner=self.owner, ttl=ttl, note=note, priority=priority,
             take_stale=take_stale, token=self.tokens.get(task))))
 
-    def next(self,
-             ttl: LeaseTtl = 600,
-             labels: Annotated[list[str] | None, Field(description="Only tasks carrying every "
-                                                       "one of these labels.")] = None,
-             take_stale: Annotated[bool, Field(description="A queued task whose claim is "
-                                               "stale counts as ready.")] = False,
-             ) -> CallToolResult:
+    def claim_next(self,
+                   ttl: LeaseTtl = 600,
+                   labels: Annotated[list[str] | None, Field(
+                       description="Only tasks carrying every one of these labels.")] = None,
+                   take_stale: Annotated[bool, Field(description="A queued task whose claim "
+                                                     "is stale counts as ready.")] = False,
+                   ) -> CallToolResult:
         def op() -> dict[str, Any]:
             c = self.registry.claim_next(owner=self.owner, labels=labels, ttl=ttl,
                                          take_stale=take_stale)
             if c is None:
                 return {"task": None, "claimed": False, "queue": self.registry.stats().queue,
-                        "next_action": "Nothing is ready: wait and call next again, or see "
+                        "next_action": "Nothing is ready: wait and call claim_next again, or see "
                         "the ready tool."}
             return {**self.granted(c), "claimed": True}
 
@@ -237,7 +241,7 @@ class ClaimsServer:
 
         return self.call(op)
 
-    def show(self, task: Task) -> CallToolResult:
+    def get(self, task: Task) -> CallToolResult:
         def op() -> dict[str, Any]:
             c = self.registry.get(task)
             if c is None:
@@ -249,10 +253,10 @@ class ClaimsServer:
 
         return self.call(op)
 
-    def list_claims(self,
-             owner: Annotated[str | None, Field(description="Only this owner's claims.")] = None,
-             include_finished: Annotated[bool, Field(description="Also completed and released "
-                                                     "ones.")] = False) -> CallToolResult:
+    def claims(self,
+               owner: Annotated[str | None, Field(description="Only this owner's claims.")] = None,
+               include_finished: Annotated[bool, Field(description="Also completed and released "
+                                                       "ones.")] = False) -> CallToolResult:
         def op() -> dict[str, Any]:
             now = time.time()
             claims = self.registry.claims(owner=owner, include_expired=True,
@@ -305,7 +309,7 @@ TOOLS: dict[str, tuple[str, ToolAnnotations]] = {
     "claim": ("Claim a task for this server's owner under a lease of `ttl` seconds. Fails "
               "with a conflict naming the holder if anyone holds it. The server keeps the "
               "token; renew before the lease ends, then complete or release.", WRITE),
-    "next": ("Claim the best ready task of the work queue (lowest priority number, then "
+    "claim_next": ("Claim the best ready task of the work queue (lowest priority number, then "
              "oldest) for this server's owner, atomically: two agents never get the same "
              "one. Returns the task (the server keeps the token) or task=null when nothing "
              "is ready.", WRITE),
@@ -321,9 +325,9 @@ TOOLS: dict[str, tuple[str, ToolAnnotations]] = {
                 "`reason`. Refused while the holder is live.", WRITE),
     "handoff": ("Hand a task you hold to `to_owner`: a new fence and token; the result "
                 "carries the new token once, to pass to the receiver.", WRITE),
-    "show": ("One task's claim: owner, fence, state, phase, seconds until expiry, whether it "
+    "get": ("One task's claim: owner, fence, state, phase, seconds until expiry, whether it "
              "is stale, free, or yours.", READ),
-    "list": ("Live claims (and stale ones), sorted by task; `include_finished` adds completed "
+    "claims": ("Live claims (and stale ones), sorted by task; `include_finished` adds completed "
              "and released ones.", READ),
     "events": ("A page of the audit log, oldest first, after the cursor `after`; pass "
                "`next_cursor` back to continue while `more` is true.", READ),
@@ -336,11 +340,14 @@ TOOLS: dict[str, tuple[str, ToolAnnotations]] = {
 }
 
 
+#: older tool names, still served for the clients and prompts that use them -> the tool
+ALIASES: dict[str, str] = {"show": "get", "list": "claims", "next": "claim_next"}
+
 def build(registry: Registry, owner: str) -> tuple[MCPServer[Any], ClaimsServer]:
     """The MCP server for ``registry`` acting as ``owner``, and its tool object."""
     tools = ClaimsServer(registry, owner)
     server: MCPServer[Any] = MCPServer(
-        name="fleetclaims", version="0.1.0", log_level="WARNING",
+        name="fleetclaims", version=__version__, log_level="WARNING",
         instructions=(
             f"fleetclaims coordinates agents sharing one repository. You act as "
             f"{tools.owner!r}. Before working on a task, claim it; if the claim conflicts, "
@@ -348,8 +355,12 @@ def build(registry: Registry, owner: str) -> tuple[MCPServer[Any], ClaimsServer]
             "when done or release if you stop. If renew fails, stop that work at once. Call "
             "brief for the current picture."))
     for name, (description, hints) in TOOLS.items():
-        method = getattr(tools, "list_claims" if name == "list" else name)
-        server.add_tool(method, name=name, description=description, annotations=hints,
+        server.add_tool(getattr(tools, name), name=name, description=description,
+                        annotations=hints, structured_output=False)
+    for old, new in ALIASES.items():
+        description, hints = TOOLS[new]
+        server.add_tool(getattr(tools, new), name=old, annotations=hints,
+                        description=f"Older name of `{new}` (prefer `{new}`). {description}",
                         structured_output=False)
     return server, tools
 

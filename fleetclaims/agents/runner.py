@@ -10,7 +10,8 @@ import sys
 from types import FrameType
 
 from ..api import Lease, Registry
-from ..core.errors import EXIT_NOT_HOLDER, FleetclaimsError
+from ..cli.output import EXIT_NOT_HOLDER  # the command line's exit codes: `run` is a command
+from ..core.errors import FleetclaimsError
 
 GRACE = 10.0  # seconds a command gets between SIGTERM and SIGKILL once the lease is lost
 
@@ -34,9 +35,9 @@ def run_command(
     env = dict(os.environ)
     env.update(FLEETCLAIMS_TASK=task, FLEETCLAIMS_TOKEN=lease.token,
                FLEETCLAIMS_FENCE=str(lease.fence), FLEETCLAIMS_OWNER=owner)
-    from ..store.file.store import FileStore
+    from ..store.base import LOCAL_DIRECTORY
 
-    if isinstance(reg.store, FileStore):
+    if LOCAL_DIRECTORY in reg.store.capabilities:
         # The command's own fleetclaims calls (the guard in git hooks, renew) must find this
         # registry even when it was chosen with --dir; a URL is left to the caller's settings.
         env["FLEETCLAIMS_DIR"] = reg.store.location

@@ -1,7 +1,7 @@
-"""CLI commands for AI agents: ``mcp``, ``guard``, ``hooks`` and ``brief``.
+"""CLI commands for AI agents: ``run``, ``mcp``, ``guard``, ``hooks`` and ``brief``.
 
-Kept apart from :mod:`fleetclaims.cli` so those commands' imports (the MCP SDK, git) load
-only when one of them runs.
+Their implementations live in :mod:`fleetclaims.agents` and load only when one of these
+commands runs (the MCP SDK, git, subprocess).
 """
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..core.errors import EXIT_OK, FleetclaimsError, ValidationError
+from ..core.errors import FleetclaimsError, ValidationError
+from .args import AddParser, Handler, dur, registry
+from .output import EXIT_OK, exit_code
 
 if TYPE_CHECKING:
-    from . import Out
-
-AddParser = Callable[[str, str], argparse.ArgumentParser]
+    from .output import Out
 
 EXAMPLES = {
+    "run": "fleetclaims run issue-42 --owner agent-a --ttl 5m -- make test",
     "mcp": "fleetclaims mcp --owner agent-a     # an MCP server on stdio, for an MCP client",
     "guard": "fleetclaims guard   # in a `fleetclaims run` child: exit 4 if the claim was lost",
     "hooks": "fleetclaims hooks install     # pre-commit, pre-push, prepare-commit-msg\n"
@@ -28,9 +28,14 @@ EXAMPLES = {
 }
 
 
-def add_parsers(add: AddParser, examples: dict[str, str]) -> None:
-    """Register this module's subcommands with ``add(name, help)`` (see cli.build_parser)."""
-    examples.update(EXAMPLES)
+def add_parsers(add: AddParser) -> None:
+    p = add("run", "claim a task, heartbeat while CMD runs, complete on exit 0, else release")
+    p.add_argument("task")
+    p.add_argument("--owner", required=True)
+    p.add_argument("--ttl", type=dur("ttl"), default=300.0, help="lease length (default 5m)")
+    p.add_argument("--note")
+    p.add_argument("--take-stale", action="store_true")
+
     owner_help = "who this agent is (default: $FLEETCLAIMS_OWNER)"
 
     p = add("mcp", "serve the registry to an AI agent over MCP (stdio), as one owner")
@@ -56,9 +61,17 @@ def _owner(args: argparse.Namespace, required: bool) -> str | None:
     return owner
 
 
-def cmd_mcp(args: argparse.Namespace, out: Out) -> int:
-    from . import _registry
+def cmd_run(args: argparse.Namespace, out: Out) -> int:
+    from ..agents.runner import run_command
 
+    cmd = list(args.cmd or [])
+    if not cmd:
+        raise ValidationError("CMD", "is missing: fleetclaims run TASK --owner O -- CMD ARGS...")
+    return run_command(registry(args), args.task, owner=args.owner, ttl=args.ttl,
+                       note=args.note, take_stale=args.take_stale, cmd=cmd, json_out=out.json)
+
+
+def cmd_mcp(args: argparse.Namespace, out: Out) -> int:
     owner = _owner(args, required=True)
     assert owner is not None
     try:
@@ -67,7 +80,7 @@ def cmd_mcp(args: argparse.Namespace, out: Out) -> int:
         raise FleetclaimsError(
             f"the MCP server needs the MCP SDK, which is not installed ({exc}).",
             hint="Install the extra: pip install 'fleetclaims[mcp]'.") from None
-    mcp_server.serve(_registry(args), owner)
+    mcp_server.serve(registry(args), owner)
     return EXIT_OK
 
 
@@ -79,7 +92,6 @@ def cmd_guard(args: argparse.Namespace, out: Out) -> int:
         return EXIT_OK  # not in a claimed run: nothing to guard
     if isinstance(found, guard.ClaimEnv):
         from ..location import is_url, resolve
-        from . import _registry
 
         location = resolve(args.dir)
         try:
@@ -89,11 +101,9 @@ def cmd_guard(args: argparse.Namespace, out: Out) -> int:
                     hint="Was the run started with another --dir or FLEETCLAIMS_DIR? Run the "
                     "guard with the same registry.")
             # Read only: never create a registry (or anything else) from a hook.
-            reg = _registry(args, create=False)
+            reg = registry(args, create=False)
         except FleetclaimsError as exc:
-            result = guard.GuardResult(False, found.task, found.fence, code=exc.code,
-                                       reason=exc.message, exit_code=exc.exit_code,
-                                       next_action=exc.hint or "")
+            result = guard.refused(found, exc)
         else:
             try:
                 result = guard.check(reg, found)
@@ -107,7 +117,7 @@ def cmd_guard(args: argparse.Namespace, out: Out) -> int:
         what = {"pre-commit": "commit", "pre-push": "push"}.get(args.hook or "", "work")
         sys.stderr.write(f"fleetclaims guard: {what} refused: {result.reason.rstrip('.')}.\n"
                          f"{result.next_action}\n")
-    return result.exit_code
+    return exit_code(result.code)
 
 
 def cmd_hooks(args: argparse.Namespace, out: Out) -> int:
@@ -134,9 +144,8 @@ def cmd_brief(args: argparse.Namespace, out: Out) -> int:
     import time
 
     from ..agents import brief
-    from . import _registry
 
-    doc = brief.build(_registry(args), _owner(args, required=False), time.time())
+    doc = brief.build(registry(args), _owner(args, required=False), time.time())
     if out.json:
         out.doc(doc)
     else:
@@ -144,6 +153,6 @@ def cmd_brief(args: argparse.Namespace, out: Out) -> int:
     return EXIT_OK
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace, Out], int]] = {
-    "mcp": cmd_mcp, "guard": cmd_guard, "hooks": cmd_hooks, "brief": cmd_brief,
+COMMANDS: dict[str, Handler] = {
+    "run": cmd_run, "mcp": cmd_mcp, "guard": cmd_guard, "hooks": cmd_hooks, "brief": cmd_brief,
 }

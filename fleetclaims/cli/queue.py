@@ -1,35 +1,33 @@
-"""CLI commands of the work queue: ``add``, ``depend``, ``block``, ``unblock``, ``next``,
-``ready``, and the queue view of ``list --tasks``."""
+"""CLI commands of the work queue: ``add``, ``depend``, ``block``, ``unblock``,
+``claim-next`` (alias ``next``), ``ready`` and ``tasks`` (also ``claims --tasks``)."""
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core.durations import relative
-from ..core.errors import EXIT_CONFLICT, EXIT_OK
+from .args import AddParser, Handler, dur, registry
+from .output import EXIT_OK, exit_code, show_claim
 
 if TYPE_CHECKING:
     from ..core.queue import Task, TaskStatus
-    from . import Out
-
-AddParser = Callable[[str, str], argparse.ArgumentParser]
+    from .output import Out
 
 EXAMPLES = {
     "add": "fleetclaims add build-docs --priority 10 --after write-docs --label docs",
     "depend": "fleetclaims depend release-1.2 --on build-docs --on run-tests",
     "block": "fleetclaims block release-1.2 --reason 'waiting for legal review'",
     "unblock": "fleetclaims unblock release-1.2",
-    "next": "fleetclaims next --owner agent-a --label docs --ttl 15m\n"
+    "claim-next": "fleetclaims claim-next --owner agent-a --label docs --ttl 15m\n"
     "  # exit 3 and no claim when nothing is ready",
     "ready": "fleetclaims ready --label docs",
+    "tasks": "fleetclaims tasks --status pending",
 }
 
 
-def add_parsers(add: AddParser, examples: dict[str, str], dur: Callable[[str], Any]) -> None:
-    examples.update(EXAMPLES)
+def add_parsers(add: AddParser) -> None:
     p = add("add", "put a task in the work queue (or update it); repeats change nothing")
     p.add_argument("task")
     p.add_argument("--priority", type=int, default=100,
@@ -37,7 +35,7 @@ def add_parsers(add: AddParser, examples: dict[str, str], dur: Callable[[str], A
     p.add_argument("--after", "--depends-on", dest="depends_on", action="append", default=[],
                    metavar="TASK", help="a task that must be completed first (repeatable)")
     p.add_argument("--label", dest="labels", action="append", default=[],
-                   help="a label workers can ask for with `next --label` (repeatable)")
+                   help="a label workers can ask for with `claim-next --label` (repeatable)")
     p.add_argument("--note")
 
     p = add("depend", "make a queued task also wait for other tasks")
@@ -53,7 +51,7 @@ def add_parsers(add: AddParser, examples: dict[str, str], dur: Callable[[str], A
     p.add_argument("task")
     p.add_argument("--reason")
 
-    p = add("next", "claim the best ready task of the queue (atomically), or exit 3")
+    p = add("claim-next", "claim the best ready task of the queue (atomically), or exit 3")
     p.add_argument("--owner", required=True)
     p.add_argument("--label", dest="labels", action="append", default=[],
                    help="only tasks carrying this label (repeatable: all of them)")
@@ -64,8 +62,12 @@ def add_parsers(add: AddParser, examples: dict[str, str], dur: Callable[[str], A
     p.add_argument("--pid", type=int, default=None,
                    help="the owner's process: when it dies the claim is stale at once")
 
-    p = add("ready", "what `next` would hand out now, best first")
+    p = add("ready", "what `claim-next` would hand out now, best first")
     p.add_argument("--label", dest="labels", action="append", default=[])
+
+    p = add("tasks", "every queued task with its readiness, in hand-out order")
+    p.add_argument("--status", action="append", choices=("ready", "held", "pending", "blocked",
+                   "completed"), help="only tasks in this state (repeatable)")
 
 
 def _task_doc(t: Task) -> dict[str, Any]:
@@ -79,9 +81,7 @@ def _status_doc(s: TaskStatus) -> dict[str, Any]:
 
 
 def cmd_add(args: argparse.Namespace, out: Out) -> int:
-    from . import _registry
-
-    reg = _registry(args)
+    reg = registry(args)
     seq = reg.stats().seq
     existed = reg.task(args.task) is not None
     t = reg.add(args.task, priority=args.priority, depends_on=args.depends_on,
@@ -99,9 +99,7 @@ def cmd_add(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_depend(args: argparse.Namespace, out: Out) -> int:
-    from . import _registry
-
-    reg = _registry(args)
+    reg = registry(args)
     t = reg.depend(args.task, on=args.on)
     if out.json:
         out.doc(_task_doc(t))
@@ -111,9 +109,7 @@ def cmd_depend(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_block(args: argparse.Namespace, out: Out) -> int:
-    from . import _registry
-
-    changed = _registry(args).block(args.task, reason=args.reason)
+    changed = registry(args).block(args.task, reason=args.reason)
     if out.json:
         out.doc({"task": args.task, "blocked": True, "changed": changed})
     else:
@@ -122,9 +118,7 @@ def cmd_block(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_unblock(args: argparse.Namespace, out: Out) -> int:
-    from . import _registry
-
-    reg = _registry(args)
+    reg = registry(args)
     changed = reg.unblock(args.task, reason=args.reason)
     status = reg.task(args.task)
     if out.json:
@@ -136,15 +130,13 @@ def cmd_unblock(args: argparse.Namespace, out: Out) -> int:
     return EXIT_OK
 
 
-def cmd_next(args: argparse.Namespace, out: Out) -> int:
-    from . import _registry, _show_claim
-
-    reg = _registry(args)
+def cmd_claim_next(args: argparse.Namespace, out: Out) -> int:
+    reg = registry(args)
     c = reg.claim_next(owner=args.owner, labels=args.labels, ttl=args.ttl, note=args.note,
                        take_stale=args.take_stale,
                        process=args.pid if args.pid is not None else False)
     if c is not None:
-        _show_claim(out, c, "claimed")
+        show_claim(out, c, "claimed")
         return EXIT_OK
     counts = reg.stats().queue
     if out.json:
@@ -152,19 +144,17 @@ def cmd_next(args: argparse.Namespace, out: Out) -> int:
     else:
         summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "the queue is empty"
         out.line(f"nothing ready{' with those labels' if args.labels else ''} ({summary}). "
-                 "Wait and retry, or see `fleetclaims list --tasks`.")
-    return EXIT_CONFLICT
+                 "Wait and retry, or see `fleetclaims tasks`.")
+    return exit_code("nothing_ready")
 
 
 def cmd_ready(args: argparse.Namespace, out: Out) -> int:
-    from . import _registry
-
-    tasks = _registry(args).ready(labels=args.labels)
+    tasks = registry(args).ready(labels=args.labels)
     if out.json:
         out.doc([_task_doc(t) for t in tasks])
         return EXIT_OK
     if not tasks:
-        out.line("nothing ready (see `fleetclaims list --tasks` for what is pending or blocked)")
+        out.line("nothing ready (see `fleetclaims tasks` for what is pending or blocked)")
         return EXIT_OK
     now = time.time()
     out.table(["TASK", "PRIORITY", "LABELS", "ADDED", "NOTE"],
@@ -173,11 +163,9 @@ def cmd_ready(args: argparse.Namespace, out: Out) -> int:
     return EXIT_OK
 
 
-def show_tasks(args: argparse.Namespace, out: Out) -> int:
-    """``list --tasks``: every queued task with its readiness, in hand-out order."""
-    from . import _registry
-
-    reg = _registry(args)
+def cmd_tasks(args: argparse.Namespace, out: Out) -> int:
+    """Every queued task with its readiness, in hand-out order (also ``claims --tasks``)."""
+    reg = registry(args)
     items = reg.tasks(status=args.status or None)
     if out.json:
         out.doc([_status_doc(s) for s in items])
@@ -199,7 +187,7 @@ def show_tasks(args: argparse.Namespace, out: Out) -> int:
     return EXIT_OK
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace, Out], int]] = {
+COMMANDS: dict[str, Handler] = {
     "add": cmd_add, "depend": cmd_depend, "block": cmd_block, "unblock": cmd_unblock,
-    "next": cmd_next, "ready": cmd_ready,
+    "claim-next": cmd_claim_next, "ready": cmd_ready, "tasks": cmd_tasks,
 }

@@ -1,27 +1,19 @@
 """Every error fleetclaims raises, in one module to avoid import loops.
 
 Each exception carries the data a caller needs (task, holder, fence, seq, offset ...) as
-attributes, a message that says what happened and what to do next, and the CLI exit code it maps
-to, so the command line and the library can never disagree about what an error means.
+attributes, a message that says what happened and what to do next, and a stable ``code``
+(``conflict``, ``lease_expired`` ...). What a code means to a process's exit status is the
+command line's business: ``fleetclaims.cli.output.EXIT_CODES`` maps codes to exit codes.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-# Stable exit codes of the command line (DESIGN.md, "Interfaces").
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_CONFLICT = 3
-EXIT_NOT_HOLDER = 4
-EXIT_DAMAGED = 5
-
 
 class FleetclaimsError(Exception):
     """Base class of every error fleetclaims raises on purpose."""
 
-    exit_code: ClassVar[int] = EXIT_ERROR
     #: a short machine-readable name, stable across releases (used by ``--json`` output)
     code: ClassVar[str] = "error"
 
@@ -46,7 +38,6 @@ class FleetclaimsError(Exception):
 class ValidationError(FleetclaimsError, ValueError):
     """An argument is malformed; nothing was written."""
 
-    exit_code = EXIT_USAGE
     code = "invalid"
 
     def __init__(self, field: str, reason: str, *, value: object = None) -> None:
@@ -62,7 +53,6 @@ class ValidationError(FleetclaimsError, ValueError):
 class ClaimConflict(FleetclaimsError):
     """The task is held by someone else (or by the same owner name without its token)."""
 
-    exit_code = EXIT_CONFLICT
     code = "conflict"
 
     def __init__(
@@ -107,7 +97,6 @@ class ClaimConflict(FleetclaimsError):
 class NotHolder(FleetclaimsError):
     """The token presented is not the live holder's token for the task."""
 
-    exit_code = EXIT_NOT_HOLDER
     code = "not_holder"
 
     def __init__(
@@ -189,7 +178,6 @@ class ClaimSuperseded(NotHolder):
 class TaskCompleted(FleetclaimsError):
     """The task was completed; it refuses claims until reopened."""
 
-    exit_code = EXIT_CONFLICT
     code = "completed"
 
     def __init__(self, task: str, *, owner: str, fence: int, completed_at: float | None) -> None:
@@ -208,7 +196,6 @@ class TaskNotReady(FleetclaimsError):
     """The task is in the work queue but may not be claimed yet: it is blocked, or a task it
     depends on is not completed."""
 
-    exit_code = EXIT_CONFLICT
     code = "not_ready"
 
     def __init__(
@@ -221,10 +208,11 @@ class TaskNotReady(FleetclaimsError):
         if status == "blocked":
             what = f"is blocked: {reason}" if reason else "is blocked"
             hint = f"Unblock it first (`fleetclaims unblock {task}`) or take another task " \
-                "(`fleetclaims next --owner YOU`)."
+                "(`fleetclaims claim-next --owner YOU`)."
         else:
             what = "waits for " + ", ".join(repr(t) for t in waits_for) + " to be completed"
-            hint = "Complete those first, or take a ready task (`fleetclaims next --owner YOU`)."
+            hint = ("Complete those first, or take a ready task "
+                    "(`fleetclaims claim-next --owner YOU`).")
         super().__init__(f"task {task!r} is not ready: it {what}; nothing was claimed.",
                          hint=hint)
 
@@ -239,7 +227,7 @@ class UnknownTask(FleetclaimsError):
         super().__init__(
             f"task {task!r} is not in the work queue; nothing was written.",
             hint=f"Add it first: `fleetclaims add {task}` (check the spelling with "
-            "`fleetclaims list --tasks`).",
+            "`fleetclaims tasks`).",
         )
 
 
@@ -283,7 +271,6 @@ class RegistryBusy(FleetclaimsError):
 class RegistryCorrupt(FleetclaimsError):
     """A registry file is damaged or unsafe in a way that stops the operation."""
 
-    exit_code = EXIT_DAMAGED
     code = "corrupt"
 
     def __init__(self, path: str, reason: str, *, hint: str | None = None) -> None:

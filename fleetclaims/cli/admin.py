@@ -1,0 +1,120 @@
+"""CLI commands that look after a registry as a whole: ``doctor``, ``merge``, ``migrate``
+and ``db``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from ..core.errors import ValidationError
+from .args import AddParser, Handler, registry
+from .output import EXIT_DAMAGED, EXIT_OK
+
+if TYPE_CHECKING:
+    from .output import Out
+
+EXAMPLES = {
+    "merge": "fleetclaims merge /media/usb/laptop-registry",
+    "doctor": "fleetclaims doctor            # report only\n  fleetclaims doctor --fix      "
+    "# repair; damaged bytes go to quarantine/",
+    "migrate": "fleetclaims migrate --from .cache/fleetclaims --to postgresql://me@db/claims",
+    "db": "fleetclaims db migrate --dir postgresql://me@db/claims",
+}
+
+
+def add_parsers(add: AddParser) -> None:
+    p = add("merge", "merge another registry directory into this one")
+    p.add_argument("other", help="the other registry directory")
+
+    p = add("doctor", "check the registry files; repair with --fix (never deletes data)")
+    p.add_argument("--fix", action="store_true")
+
+    p = add("migrate", "copy a registry (claims and the whole audit history) to another store")
+    p.add_argument("--from", dest="source", required=True)
+    p.add_argument("--to", dest="target", required=True)
+
+    p = add("db", "database maintenance (PostgreSQL)")
+    p.add_argument("action", choices=("migrate",))
+    p.add_argument("--schema", help="PostgreSQL schema name (default fleetclaims)")
+
+
+def cmd_merge(args: argparse.Namespace, out: Out) -> int:
+    plan = registry(args).merge(args.other)
+    if out.json:
+        out.doc({"imported": plan.imported, "changed": list(plan.changed),
+                 "conflicts": [c.to_dict() for c in plan.conflicts],
+                 "tasks_changed": list(plan.tasks_changed),
+                 "task_conflicts": list(plan.task_conflicts),
+                 "queue_cycles": [list(c) for c in plan.cycles]})
+        return EXIT_OK
+    if not plan.events:
+        out.line("nothing new to merge")
+        return EXIT_OK
+    out.line(f"merged: {plan.imported} events imported, {len(plan.changed)} claims changed, "
+             f"{len(plan.conflicts)} conflicts, {len(plan.tasks_changed)} queued tasks changed")
+    for c in plan.conflicts:
+        out.line(f"  {c.task}: {c.winner} (fence {c.winner_fence}) wins over {c.loser} "
+                 f"(fence {c.loser_fence}) by {c.rule}")
+    for task in plan.task_conflicts:
+        out.line(f"  {task}: changed on both sides; the later change was kept")
+    for loop in plan.cycles:
+        out.line(f"  dependency loop {' -> '.join(loop)}: these tasks stay pending until one "
+                 f"drops a dependency (fleetclaims add {loop[0]} --depends-on ...)")
+    return EXIT_OK
+
+
+def cmd_doctor(args: argparse.Namespace, out: Out) -> int:
+    from ..location import is_url, resolve
+    from ..store.file.doctor import main_report
+
+    location = resolve(args.dir)
+    if is_url(location):
+        raise ValidationError("--dir", "doctor checks file registries; use `audit verify` for "
+                                       "PostgreSQL")
+    report = main_report(location, fix=args.fix)
+    if out.json:
+        out.doc(report.to_dict())
+    else:
+        for f in report.findings:
+            if f.severity in ("warning", "info"):
+                mark = f.severity
+            else:
+                mark = "fixed" if f.fixed else ("ok" if f.kind == "ok" else "PROBLEM")
+            out.line(f"[{mark}] {f.message}")
+        if report.ok:
+            out.line("registry is healthy" if not args.fix else "registry is healthy now")
+        elif not args.fix:
+            out.line("run `fleetclaims doctor --fix` to repair (damaged data goes to quarantine/)")
+    # The exit status is the command line's to decide (output.EXIT_CODES), from the report.
+    return EXIT_OK if report.ok else EXIT_DAMAGED
+
+
+def cmd_migrate(args: argparse.Namespace, out: Out) -> int:
+    from ..review.migrate import copy_registry
+
+    r = copy_registry(args.source, args.target)
+    if out.json:
+        out.doc({"source": r.source, "target": r.target, "events": r.events, "head": r.head,
+                 "claims": r.claims, "verified": r.verify.ok})
+    else:
+        out.line(f"copied {r.events} events and {r.claims} claims from {r.source} to {r.target}; "
+                 f"head {r.head[:16]}…, audit verify {'ok' if r.verify.ok else 'FAILED'}")
+    return EXIT_OK
+
+
+def cmd_db(args: argparse.Namespace, out: Out) -> int:
+    reg = registry(args, schema=args.schema)
+    migrate = getattr(reg.store, "migrate_schema", None)
+    if migrate is None:
+        raise ValidationError("--dir", "db migrate needs a postgresql:// registry")
+    version = migrate()
+    if out.json:
+        out.doc({"schema_version": version})
+    else:
+        out.line(f"schema at version {version}")
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Handler] = {
+    "merge": cmd_merge, "doctor": cmd_doctor, "migrate": cmd_migrate, "db": cmd_db,
+}

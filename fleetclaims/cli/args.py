@@ -1,0 +1,144 @@
+"""From the command line to library calls: the argparse plumbing every command group shares,
+and the helpers that turn parsed arguments into a Registry, a token, a JSON value."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+
+from ..core.durations import parse_duration
+from ..core.errors import ValidationError
+from .output import EXIT_USAGE
+
+if TYPE_CHECKING:
+    from ..api import Registry
+    from .output import Out
+
+#: a command: parsed arguments and where to write in, exit status out
+Handler = Callable[[argparse.Namespace, "Out"], int]
+
+
+class AddParser(Protocol):
+    """``add(name, help)``: the parser of one subcommand (see cli.build_parser), or a stand-in
+    that discards its arguments when that subcommand is not the one being run."""
+
+    def __call__(self, name: str, help_text: str) -> argparse.ArgumentParser: ...
+
+
+def common(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """The options every command takes, before or after its name."""
+    default = None if top else argparse.SUPPRESS
+    parser.add_argument("--dir", default=default, metavar="DIR|URL",
+                        help="registry directory or postgresql:// URL")
+    parser.add_argument("--json", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="machine-readable output (one JSON document; streams: one per line)")
+    parser.add_argument("--durability", choices=("full", "process"),
+                        default="full" if top else argparse.SUPPRESS,
+                        help="full: survive power loss (default); process: skip fsync")
+    parser.add_argument("--allow-unsafe-fs", action="store_true",
+                        default=False if top else argparse.SUPPRESS,
+                        help="allow network/FUSE/cloud-sync filesystems (locks may not work)")
+
+
+def dur(field: str) -> Callable[[str], float]:
+    """An argparse type for a duration (``10m``, ``90s``, ``1.5h``), as seconds."""
+
+    def parse(text: str) -> float:
+        try:
+            return parse_duration(text, field)
+        except ValidationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def token_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--token", default=None,
+                   help="the token from claim (default: $FLEETCLAIMS_TOKEN)")
+
+
+class Parser(argparse.ArgumentParser):
+    # Set by main() for a command line that asks for --json: a usage error is then a JSON
+    # document on stdout as well, like every other error, so a program reading stdout learns
+    # what went wrong.
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        hint = f"Run `{self.prog} --help` for usage."
+        if self.json_errors:
+            import json
+
+            sys.stdout.write(json.dumps({"error": "usage", "message": message, "hint": hint},
+                                        ensure_ascii=False) + "\n")
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"fleetclaims: {message}\n{hint}\n")
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter, sized to the terminal as argparse sizes it but without
+    ``shutil``: argparse makes a formatter for every argument added, and importing shutil (and
+    the compression modules it brings) costs a cold command ~2 ms."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position,
+                         _terminal_columns() - 2 if width is None else width)
+
+
+def _terminal_columns() -> int:
+    """shutil.get_terminal_size().columns: $COLUMNS, else the terminal's, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class Discarded:
+    """Stands in for the parser of a subcommand that is not being run: its arguments are
+    thrown away without building argparse actions (a cold command builds only its own)."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> Discarded:
+        return self
+
+
+# --- arguments -> library ------------------------------------------------------------------
+
+
+def registry(args: argparse.Namespace, **extra: Any) -> Registry:
+    from ..api import Registry
+
+    return Registry(args.dir, durability=args.durability, allow_unsafe_fs=args.allow_unsafe_fs,
+                    **extra)
+
+
+def token(args: argparse.Namespace) -> str:
+    tok = args.token or os.environ.get("FLEETCLAIMS_TOKEN")
+    if not tok:
+        raise ValidationError("token", "is required: pass --token or set FLEETCLAIMS_TOKEN")
+    return str(tok)
+
+
+def json_arg(field: str, text: str | None, *, plain_ok: bool) -> Any:
+    """``text`` parsed as JSON; with ``plain_ok``, text that is not JSON is kept as a string."""
+    if text is None:
+        return None
+    try:
+        import json
+
+        return json.loads(text)
+    except ValueError:
+        if plain_ok:
+            return text
+        raise ValidationError(field, "is not valid JSON", value=text) from None

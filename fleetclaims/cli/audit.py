@@ -1,0 +1,230 @@
+"""CLI commands that read the audit log: ``events`` (a cursor over it), ``explain`` (one
+task's story) and ``audit`` (filter, follow, verify, export, report)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..core.durations import format_duration, iso, parse_instant
+from ..core.errors import ValidationError
+from .args import AddParser, Handler, registry
+from .output import EXIT_DAMAGED, EXIT_OK, print_events
+
+if TYPE_CHECKING:
+    from ..api import Registry
+    from ..store.base import VerifyReport
+    from .output import Out
+
+EXAMPLES = {
+    "events": "fleetclaims events --after 120 --limit 50 --type claim_rejected",
+    "explain": "fleetclaims explain issue-42",
+    "audit": "fleetclaims audit --task issue-42 --since 2h\n  fleetclaims audit --follow --json\n"
+    "  fleetclaims audit verify\n  fleetclaims audit export --format csv > audit.csv\n"
+    "  fleetclaims audit report --html timeline.html",
+}
+
+
+def add_parsers(add: AddParser) -> None:
+    p = add("events", "page through the audit events (see also: audit)")
+    p.add_argument("--after", type=int, default=0, help="cursor: the last seq already seen")
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--type", action="append", dest="types")
+    p.add_argument("--task")
+
+    p = add("explain", "who holds a task and why, from the audit log")
+    p.add_argument("task")
+
+    p = add("audit", "review the audit log: filter, follow, verify, export, report")
+    p.add_argument("action", nargs="?", choices=("list", "verify", "export", "report"),
+                   default="list")
+    p.add_argument("--task")
+    p.add_argument("--owner")
+    p.add_argument("--type", action="append", dest="types")
+    p.add_argument("--since", help="ISO time or age (10m, 2h, 1d)")
+    p.add_argument("--until", help="ISO time or age")
+    p.add_argument("--after", type=int, default=0, help="cursor: the last seq already seen")
+    p.add_argument("--limit", type=int, default=1000)
+    p.add_argument("--follow", "-f", action="store_true", help="stream new events as committed")
+    p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", help="export format")
+    p.add_argument("--html", metavar="FILE", help="report: write the HTML timeline here")
+    p.add_argument("--output", "-o", metavar="FILE", help="export: write here instead of stdout")
+
+
+def cmd_events(args: argparse.Namespace, out: Out) -> int:
+    page = registry(args).events(after=args.after, limit=args.limit, types=args.types,
+                                 task=args.task)
+    if out.json:
+        out.doc({"events": [e.data for e in page.events], "next_cursor": page.next_cursor,
+                 "more": page.more})
+        return EXIT_OK
+    print_events(out, [e.data for e in page.events])
+    out.line(f"next cursor: --after {page.next_cursor}" + ("" if page.more else " (end)"))
+    return EXIT_OK
+
+
+def cmd_explain(args: argparse.Namespace, out: Out) -> int:
+    x = registry(args).explain(args.task)
+    if out.json:
+        out.doc(x.to_dict())
+        return EXIT_OK
+    head = {"held": f"held by {x.holder} (fence {x.fence})", "free": "free",
+            "completed": "completed", "stale": f"stale (last holder {x.holder})"}.get(x.state,
+                                                                                      x.state)
+    out.line(f"{x.task}: {head}")
+    out.line(f"because: {x.why}")
+    if x.steps:
+        out.line("")
+        out.line("history:")
+        for s in x.steps:
+            out.line(f"  seq {s.seq:<6} {iso(s.ts)}  {s.text}")
+    return EXIT_OK
+
+
+def _audit_filters(args: argparse.Namespace) -> dict[str, Any]:
+    now = time.time()
+    return {
+        "types": args.types,
+        "task": args.task,
+        "owner": args.owner,
+        "since": None if args.since is None else parse_instant(args.since, now, "--since"),
+        "until": None if args.until is None else parse_instant(args.until, now, "--until"),
+    }
+
+
+def cmd_audit(args: argparse.Namespace, out: Out) -> int:
+    if args.action == "verify":
+        return _audit_verify(args, out)
+    reg = registry(args)
+    filters = _audit_filters(args)
+    if args.action == "export":
+        return _audit_export(args, reg, filters)
+    if args.action == "report":
+        return _audit_report(args, out, reg, filters)
+    return _audit_list(args, out, reg, filters)
+
+
+def _audit_export(args: argparse.Namespace, reg: Registry, filters: dict[str, Any]) -> int:
+    from ..review.report import to_csv, to_jsonl
+
+    events = _all_events(reg, args.after, filters)
+    text = to_csv(events) if args.format == "csv" else to_jsonl(events)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        sys.stderr.write(f"wrote {len(events)} events to {args.output}\n")
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def _audit_report(args: argparse.Namespace, out: Out, reg: Registry,
+                  filters: dict[str, Any]) -> int:
+    if not args.html:
+        raise ValidationError("--html", "is required: audit report --html FILE")
+    from ..review.report import render_html
+
+    # A report needs the whole journal (a holding may start before --since); its filters
+    # choose what is drawn.
+    events = _all_events(reg, args.after, {})
+    html = render_html(events, title=f"fleetclaims audit — {reg.location}",
+                       generated_at=time.time(),
+                       tasks=None if args.task is None else [args.task],
+                       since=filters["since"], until=filters["until"])
+    with open(args.html, "w", encoding="utf-8") as fh:
+        fh.write(html)
+    if out.json:
+        out.doc({"html": args.html, "events": len(events)})
+    else:
+        out.line(f"wrote {args.html} ({len(events)} events)")
+    return EXIT_OK
+
+
+def _audit_list(args: argparse.Namespace, out: Out, reg: Registry,
+                filters: dict[str, Any]) -> int:
+    page = reg.events(after=args.after, limit=args.limit, **filters)
+    if out.json and not args.follow:  # one document; only the --follow stream is line by line
+        out.doc({"events": [e.data for e in page.events], "next_cursor": page.next_cursor,
+                 "more": page.more})
+        return EXIT_OK
+    print_events(out, [e.data for e in page.events], header=not args.follow)
+    if not args.follow:
+        if not out.json:
+            out.line(f"next cursor: --after {page.next_cursor}" + (
+                "" if page.more else " (end)"))
+        return EXIT_OK
+    cursor = page.next_cursor
+    try:
+        while True:
+            page = reg.events(after=cursor, limit=1000, **filters)
+            if page.events:
+                print_events(out, [e.data for e in page.events], header=False)
+                out.stream.flush()
+            if page.next_cursor == cursor:
+                time.sleep(0.2)
+            cursor = page.next_cursor
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _all_events(reg: Registry, after: int, filters: dict[str, Any]) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    cursor = after
+    while True:
+        page = reg.events(after=cursor, limit=100_000, **filters)
+        events.extend(e.data for e in page.events)
+        if not page.more:
+            return events
+        cursor = page.next_cursor
+
+
+def _audit_verify(args: argparse.Namespace, out: Out) -> int:
+    reg = registry(args)
+    show = sys.stderr.isatty() and not out.json
+
+    def progress(done: int, total: int) -> None:
+        if show and total:
+            sys.stderr.write(f"\rverifying {done * 100 // total:3d}% ({done}/{total} bytes)")
+            sys.stderr.flush()
+
+    started = time.perf_counter()
+    report = reg.store.verify(progress)
+    elapsed = time.perf_counter() - started
+    if show:
+        sys.stderr.write("\n")
+    if out.json:
+        out.doc({"ok": report.ok, "events": report.events, "bytes": report.bytes,
+                 "head": report.head, "error": report.error, "seq": report.seq,
+                 "offset": report.offset, "snapshot_anchored": report.anchor_ok,
+                 "torn_tail_bytes": report.torn_tail, "seconds": round(elapsed, 3)})
+    else:
+        _print_verify(out, report, elapsed)
+    if not report.ok or report.anchor_ok is False:
+        return EXIT_DAMAGED
+    return EXIT_OK
+
+
+def _print_verify(out: Out, report: VerifyReport, elapsed: float) -> None:
+    if report.ok and report.anchor_ok is False:
+        out.line(out.paint("DAMAGED", "31;1") + f": the journal verifies ({report.events} events, "
+                 f"head {report.head[:16]}…) but the snapshot claims.json does not match it: "
+                 f"{report.error or 'not anchored in the journal'}")
+        out.line("run `fleetclaims doctor --fix` to rebuild the snapshot from the journal "
+                 "(the old one goes to quarantine/)")
+    elif report.ok:
+        anchor = {None: "no snapshot", True: "snapshot anchored"}[report.anchor_ok]
+        out.line(f"ok: {report.events} events verified ({report.bytes} bytes, "
+                 f"{format_duration(elapsed)}), head {report.head[:16]}…, {anchor}")
+        if report.torn_tail:
+            out.line(f"note: {report.torn_tail} bytes of an incomplete last line (a writer died "
+                     "mid-append); the next write repairs it")
+    else:
+        out.line(out.paint("DAMAGED", "31;1") + f": first break at seq {report.seq}, byte "
+                 f"offset {report.offset}: {report.error}")
+        out.line("run `fleetclaims doctor --fix` to salvage the verified prefix "
+                 "(the rest goes to quarantine/)")
+
+
+COMMANDS: dict[str, Handler] = {"events": cmd_events, "explain": cmd_explain, "audit": cmd_audit}

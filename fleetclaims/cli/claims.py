@@ -1,0 +1,329 @@
+"""CLI commands on claims: the write operations (``claim`` ... ``reopen``) and the reads
+(``get``, ``claims``, ``stats``), plus ``sweep``. Names are the Registry's methods."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..core.durations import iso, relative
+from .args import AddParser, Handler, dur, json_arg, registry, token, token_option
+from .output import EXIT_OK, claim_doc, claim_rows, data_doc, show_claim
+
+if TYPE_CHECKING:
+    from ..core.model import Claim
+    from ..core.queue import TaskStatus
+    from .output import Out
+
+EXAMPLES = {
+    "claim": "fleetclaims claim issue-42 --owner agent-a --ttl 10m --note 'fixing the parser'",
+    "renew": "fleetclaims renew issue-42 --token $FLEETCLAIMS_TOKEN --ttl 10m",
+    "release": "fleetclaims release issue-42 --token $TOKEN\n  "
+    "fleetclaims release issue-42 --force --reason 'agent crashed, workspace wiped'",
+    "complete": "fleetclaims complete issue-42 --token $TOKEN --result '{\"pr\": 17}'",
+    "recover": "fleetclaims recover issue-42 --owner agent-b --reason 'agent-a died'",
+    "transition": "fleetclaims transition issue-42 --token $TOKEN --phase review  # parked",
+    "handoff": "fleetclaims handoff issue-42 --token $TOKEN --to-owner agent-b --note 'your turn'",
+    "reopen": "fleetclaims reopen issue-42 --reason 'regression found'",
+    "get": "fleetclaims get issue-42 --json",
+    "claims": "fleetclaims claims --owner agent-a --all",
+    "stats": "fleetclaims stats",
+    "sweep": "fleetclaims sweep --dry-run",
+}
+
+
+def add_parsers(add: AddParser) -> None:
+    _add_write_parsers(add)
+    _add_read_parsers(add)
+
+
+def _add_write_parsers(add: AddParser) -> None:
+    p = add("claim", "claim a task under a lease")
+    p.add_argument("task")
+    p.add_argument("--owner", required=True, help="who claims it, e.g. agent-a")
+    p.add_argument("--ttl", type=dur("ttl"), default=600.0, help="lease length (default 10m)")
+    p.add_argument("--note")
+    p.add_argument("--priority", type=int, default=100, help="lower wins duplicates (default 100)")
+    p.add_argument("--metadata", help="a JSON object stored with the claim")
+    p.add_argument("--token", help="choose the token yourself (makes retries idempotent)")
+    p.add_argument("--take-stale", action="store_true",
+                   help="take the task over if its claim is stale (expired or owner dead)")
+    p.add_argument("--preempt", action="store_true",
+                   help="take a live claim if this one wins the resolver order (priority)")
+    p.add_argument("--pid", type=int, default=None,
+                   help="the owner's process (e.g. $$ in a shell script): when it dies the claim "
+                   "is stale at once; without it the lease alone decides")
+
+    p = add("renew", "extend your lease")
+    p.add_argument("task")
+    token_option(p)
+    p.add_argument("--ttl", type=dur("ttl"), help="new lease length (default: the claim's)")
+
+    p = add("release", "give a task up (or force-release someone else's claim)")
+    p.add_argument("task")
+    token_option(p)
+    p.add_argument("--force", action="store_true", help="release whoever holds it")
+    p.add_argument("--reason", help="required with --force")
+    p.add_argument("--actor", default=os.environ.get("USER", "operator"), help="who forces it")
+
+    p = add("complete", "mark a task done")
+    p.add_argument("task")
+    token_option(p)
+    p.add_argument("--result", help="JSON (or plain text) recorded with the completion")
+
+    p = add("recover", "take over a stale claim (expired lease or dead owner)")
+    p.add_argument("task")
+    p.add_argument("--owner", required=True)
+    p.add_argument("--reason", required=True)
+    p.add_argument("--ttl", type=dur("ttl"), default=600.0)
+    p.add_argument("--note")
+
+    p = add("transition", "move your claim to another phase (without --ttl: parked, no expiry)")
+    p.add_argument("task")
+    token_option(p)
+    p.add_argument("--phase", required=True)
+    p.add_argument("--ttl", type=dur("ttl"))
+
+    p = add("handoff", "hand your claim to another owner (new token, new fence)")
+    p.add_argument("task")
+    token_option(p)
+    # --to is the older spelling, kept for the scripts that use it.
+    p.add_argument("--to-owner", "--to", required=True, dest="to_owner", metavar="OWNER")
+    p.add_argument("--note")
+    p.add_argument("--ttl", type=dur("ttl"))
+
+    p = add("reopen", "make a completed task claimable again")
+    p.add_argument("task")
+    p.add_argument("--reason", required=True)
+    p.add_argument("--actor", default=os.environ.get("USER", "operator"))
+
+
+def _add_read_parsers(add: AddParser) -> None:
+    p = add("get", "show one task's claim")
+    p.add_argument("task")
+
+    p = add("claims", "list claims (live ones by default)")
+    p.add_argument("--owner")
+    p.add_argument("--expired", action="store_true", help="include expired leases")
+    p.add_argument("--completed", action="store_true", help="include completed tasks")
+    p.add_argument("--all", action="store_true", help="include expired, completed and released")
+    p.add_argument("--tasks", action="store_true",
+                   help="list the work queue instead (the same as `fleetclaims tasks`)")
+    p.add_argument("--status", action="append", choices=("ready", "held", "pending", "blocked",
+                   "completed"), help="with --tasks: only tasks in this state (repeatable)")
+
+    add("stats", "counts of active, expired and completed claims, per owner, and of the "
+        "work queue by readiness")
+
+    p = add("sweep", "record lease_expired for expired leases and dead owners")
+    p.add_argument("--dry-run", action="store_true", help="report only")
+    p.add_argument("--actor", default="sweeper")
+
+
+# --- changes -----------------------------------------------------------------------------------
+
+
+def cmd_claim(args: argparse.Namespace, out: Out) -> int:
+    reg = registry(args)
+    c = reg.claim(args.task, owner=args.owner, ttl=args.ttl, note=args.note,
+                  priority=args.priority, token=args.token,
+                  metadata=json_arg("metadata", args.metadata, plain_ok=False),
+                  take_stale=args.take_stale, preempt=args.preempt,
+                  process=args.pid if args.pid is not None else False)
+    show_claim(out, c, "claimed")
+    return EXIT_OK
+
+
+def cmd_renew(args: argparse.Namespace, out: Out) -> int:
+    c = registry(args).renew(args.task, token=token(args), ttl=args.ttl)
+    show_claim(out, c, "renewed")
+    return EXIT_OK
+
+
+def cmd_release(args: argparse.Namespace, out: Out) -> int:
+    reg = registry(args)
+    if args.force:
+        done = reg.release(args.task, force=True, reason=args.reason, actor=args.actor)
+    else:
+        done = reg.release(args.task, token=token(args))
+    if out.json:
+        out.doc({"task": args.task, "released": done})
+    else:
+        out.line(f"released {args.task}" if done else
+                 f"nothing live to release for {args.task} (already released, expired or done)")
+    return EXIT_OK
+
+
+def cmd_complete(args: argparse.Namespace, out: Out) -> int:
+    c = registry(args).complete(args.task, token=token(args),
+                                result=json_arg("result", args.result, plain_ok=True))
+    show_claim(out, c.with_token(None), "completed")
+    return EXIT_OK
+
+
+def cmd_recover(args: argparse.Namespace, out: Out) -> int:
+    c = registry(args).recover(args.task, owner=args.owner, reason=args.reason, ttl=args.ttl,
+                               note=args.note)
+    show_claim(out, c, "recovered")
+    return EXIT_OK
+
+
+def cmd_transition(args: argparse.Namespace, out: Out) -> int:
+    c = registry(args).transition(args.task, token=token(args), phase=args.phase, ttl=args.ttl)
+    show_claim(out, c.with_token(None), "moved")
+    return EXIT_OK
+
+
+def cmd_handoff(args: argparse.Namespace, out: Out) -> int:
+    c = registry(args).handoff(args.task, token=token(args), to_owner=args.to_owner,
+                               note=args.note, ttl=args.ttl)
+    show_claim(out, c, "handed off")
+    return EXIT_OK
+
+
+def cmd_reopen(args: argparse.Namespace, out: Out) -> int:
+    c = registry(args).reopen(args.task, reason=args.reason, actor=args.actor)
+    if out.json:
+        out.doc({"task": args.task, "reopened": c is not None})
+    else:
+        out.line(f"reopened {args.task}" if c else f"{args.task} was not completed; nothing to do")
+    return EXIT_OK
+
+
+def cmd_sweep(args: argparse.Namespace, out: Out) -> int:
+    report = registry(args).sweep(dry_run=args.dry_run, actor=args.actor)
+    if out.json:
+        out.doc({"dry_run": args.dry_run, "found": [
+            {"task": i.task, "owner": i.owner, "fence": i.fence, "reason": i.reason}
+            for i in report.found]})
+        return EXIT_OK
+    if not report.found:
+        out.line("nothing stale")
+    verb = "would mark" if args.dry_run else "marked"
+    for item in report.found:
+        out.line(f"{verb} {item.task} ({item.owner}, fence {item.fence}) stale: {item.reason}")
+    return EXIT_OK
+
+
+# --- reads -------------------------------------------------------------------------------------
+
+
+def _queue_doc(queued: TaskStatus | None) -> dict[str, Any] | None:
+    if queued is None:
+        return None
+    return {"status": queued.status, "waits_for": list(queued.waits_for),
+            "priority": queued.task.priority, "depends_on": list(queued.task.depends_on),
+            "labels": list(queued.task.labels), "blocked": queued.task.blocked}
+
+
+def cmd_get(args: argparse.Namespace, out: Out) -> int:
+    reg = registry(args)
+    c = reg.get(args.task)
+    queued = reg.task(args.task)
+    if c is None:
+        if out.json:
+            out.doc({"task": args.task, "claim": None, "queue": _queue_doc(queued)})
+        elif queued is not None:
+            waits = f", waits for {', '.join(queued.waits_for)}" if queued.waits_for else ""
+            block = f": {queued.task.blocked}" if queued.task.blocked else ""
+            out.line(f"{args.task} is queued and has never been claimed: "
+                     f"{queued.status}{block}{waits}")
+        else:
+            out.line(f"{args.task} has never been claimed")
+        return EXIT_OK
+    stale = reg.is_stale(c) if c.live else None
+    verdict = reg.verdict(c) if c.live else None
+    if out.json:
+        doc = claim_doc(c, time.time())
+        doc["stale"] = stale
+        doc["liveness"] = None if verdict is None else {"state": verdict.state,
+                                                        "reasons": list(verdict.reasons)}
+        doc["queue"] = _queue_doc(queued)
+        out.doc(doc)
+        return EXIT_OK
+    rows = _claim_fields(c, time.time())
+    if verdict is not None:
+        rows.append(("owner is", f"{verdict.state} ({'; '.join(verdict.reasons)})"))
+    if stale:
+        rows.append(("stale", f"{stale}; take over with `fleetclaims recover {c.task} "
+                              "--owner YOU --reason ...`"))
+    if c.result is not None:
+        import json
+
+        rows.append(("result", json.dumps(c.result)))
+    if queued is not None:
+        rows.append(("queue", queued.status + (
+            f", after {', '.join(queued.task.depends_on)}" if queued.task.depends_on else "")))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        out.line(f"{key.ljust(width)}  {value}")
+    return EXIT_OK
+
+
+def _claim_fields(c: Claim, now: float) -> list[tuple[str, str]]:
+    rows = [
+        ("task", c.task), ("owner", c.owner), ("state", c.state), ("phase", c.phase),
+        ("fence", str(c.fence)), ("priority", str(c.priority)),
+        ("claimed", f"{relative(c.claimed_at, now)} ({iso(c.claimed_at)})"),
+        ("renewed", f"{relative(c.renewed_at, now)}"),
+        ("expires", "never (parked)" if c.expires_at is None
+         else f"{relative(c.expires_at, now)} ({iso(c.expires_at)})"),
+    ]
+    if c.note:
+        rows.append(("note", c.note))
+    if c.identity is not None:
+        rows.append(("process", f"pid {c.identity.pid} on {c.identity.host}"))
+    return rows
+
+
+def cmd_claims(args: argparse.Namespace, out: Out) -> int:
+    if args.tasks:
+        from .queue import cmd_tasks
+
+        return cmd_tasks(args, out)
+    reg = registry(args)
+    if out.json:
+        now = time.time()
+        docs = reg.claims_data(owner=args.owner, include_expired=args.expired or args.all,
+                               include_completed=args.completed or args.all,
+                               include_released=args.all)
+        out.doc([data_doc(d, now) for d in docs])
+        return EXIT_OK
+    claims = reg.claims(owner=args.owner, include_expired=args.expired or args.all,
+                        include_completed=args.completed or args.all,
+                        include_released=args.all)
+    now = time.time()
+    if not claims:
+        out.line("no claims" + ("" if args.all else " (use --all to include finished ones)"))
+        return EXIT_OK
+    out.table(["TASK", "OWNER", "FENCE", "PHASE", "STATE", "LEASE", "NOTE"],
+              claim_rows(claims, now, reg.is_stale))
+    return EXIT_OK
+
+
+def cmd_stats(args: argparse.Namespace, out: Out) -> int:
+    s = registry(args).stats()
+    if out.json:
+        out.doc({"active": s.active, "expired": s.expired, "completed": s.completed,
+                 "released": s.released, "seq": s.seq, "fence": s.fence,
+                 "per_owner": {o: vars(v) for o, v in s.per_owner.items()},
+                 "queue": s.queue})
+        return EXIT_OK
+    out.line(f"active {s.active}, expired {s.expired}, completed {s.completed}, "
+             f"released {s.released}; journal at seq {s.seq}, last fence {s.fence}")
+    if s.queue:
+        out.line("queue: " + ", ".join(f"{n} {k}" for k, n in s.queue.items()))
+    out.table(["OWNER", "ACTIVE", "EXPIRED", "COMPLETED"],
+              [[o, str(v.active), str(v.expired), str(v.completed)]
+               for o, v in s.per_owner.items()])
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Handler] = {
+    "claim": cmd_claim, "renew": cmd_renew, "release": cmd_release, "complete": cmd_complete,
+    "recover": cmd_recover, "transition": cmd_transition, "handoff": cmd_handoff,
+    "reopen": cmd_reopen, "get": cmd_get, "claims": cmd_claims, "stats": cmd_stats,
+    "sweep": cmd_sweep,
+}

@@ -6,6 +6,7 @@
     reg.complete("issue-42", token=c.token)
 """
 
+from ._version import __version__
 from .api import Lease, OwnerStats, Registry, Stats
 from .core.model import Claim, Identity, Now, Verdict
 from .core.queue import Task, TaskStatus
@@ -29,8 +30,6 @@ from .errors import (
     ValidationError,
 )
 from .store.base import Event, EventPage, VerifyReport
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AuditCorrupt",

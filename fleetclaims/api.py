@@ -1,37 +1,23 @@
-"""The public facade: ``Registry`` and the ``Lease`` that ``Registry.hold`` returns."""
+"""The public facade: ``Registry``. What ``Registry.hold`` returns, ``Lease``, lives in
+``_lease.py``; the listings, counts and event pages are computed in ``_reads.py``."""
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
+from . import _reads
+from ._lease import Lease
+from ._reads import OwnerStats, Stats
 from .core import events as ev
 from .core import queue, rules, validate
 from .core.chain import token_hash
-from .core.errors import (
-    FleetclaimsError,
-    NotHolder,
-    RegistryBusy,
-    StoreUnavailable,
-    ValidationError,
-)
-from .core.model import (
-    ACTIVE,
-    COMPLETED,
-    EXPIRED,
-    UNKNOWN_VERDICT,
-    Claim,
-    Identity,
-    Now,
-    State,
-    Verdict,
-)
+from .core.errors import ValidationError
+from .core.model import UNKNOWN_VERDICT, Claim, Identity, Now, Verdict
 from .core.rules import Decision, Grant, SweepReport
-from .store.base import Event, EventPage, Store, VerifyReport
+from .core.state import State
+from .store.base import EventPage, Store, VerifyReport
 from .system import Clock, Prober, SystemClock, SystemProber
 
 if TYPE_CHECKING:  # imported where used: a cold CLI command should not pay for them
@@ -41,21 +27,6 @@ if TYPE_CHECKING:  # imported where used: a cold CLI command should not pay for 
 Durability = Literal["full", "process"]
 
 
-def _first(item: tuple[str, Any]) -> str:
-    return item[0]
-
-
-def _listed(state: str, unexpired: bool, expired: bool, completed: bool, released: bool) -> bool:
-    """Whether claims()/claims_data() list a claim in ``state``: live ones always, the rest
-    when asked for."""
-    return (
-        unexpired
-        or (state in (ACTIVE, EXPIRED) and expired)
-        or (state == COMPLETED and completed)
-        or (state == "released" and released)
-    )
-
-
 def new_token() -> str:
     """A fresh secret token: 192 bits from the OS CSPRNG via ``secrets``."""
     # Imported here: ``secrets`` pulls in random, base64 and hmac (~6 ms), which read-only
@@ -63,26 +34,6 @@ def new_token() -> str:
     import secrets
 
     return secrets.token_urlsafe(24)
-
-
-@dataclass(frozen=True)
-class OwnerStats:
-    active: int = 0
-    expired: int = 0
-    completed: int = 0
-
-
-@dataclass(frozen=True)
-class Stats:
-    active: int
-    expired: int
-    completed: int
-    released: int
-    seq: int
-    fence: int
-    per_owner: dict[str, OwnerStats] = field(default_factory=dict)
-    #: tasks of the work queue by readiness (ready, held, pending, blocked, completed)
-    queue: dict[str, int] = field(default_factory=dict)
 
 
 class Registry:
@@ -513,19 +464,9 @@ class Registry:
         include_released: bool = False,
     ) -> list[Claim]:
         """Claims sorted by task: live ones, plus expired/completed/released when asked."""
-        if owner is not None:
-            owner = validate.owner(owner)
-        state = self.store.read()
-        now = self._now()
-        found = []
-        for claim in state.claims.values():
-            if owner is not None and claim.owner != owner:
-                continue
-            unexpired = claim.state == ACTIVE and not rules.lease_expired(claim, now)
-            if _listed(claim.state, unexpired, include_expired, include_completed,
-                       include_released):
-                found.append(claim)
-        return found
+        owner = None if owner is None else validate.owner(owner)
+        return _reads.listed_claims(self.store.read(), self._now(), owner, include_expired,
+                                    include_completed, include_released)
 
     def claims_data(
         self,
@@ -535,23 +476,11 @@ class Registry:
         include_released: bool = False,
     ) -> list[dict[str, Any]]:
         """``claims()`` as persisted dicts (sorted by task), without building Claim objects for
-        snapshot entries nothing has touched: what a cold ``fleetclaims list --json`` needs.
+        snapshot entries nothing has touched: what a cold ``fleetclaims claims --json`` needs.
         Each dict is new (yours to change) and has every optional member (None when unset)."""
-        if owner is not None:
-            owner = validate.owner(owner)
-        state = self.store.read()
-        now = self._now()
-        found = []
-        expired = rules.lease_expired_data
-        for _task, data in sorted(state.claims.data_items(), key=_first):
-            if owner is not None and data.get("owner") != owner:
-                continue
-            kind = data.get("state", ACTIVE)
-            if kind == ACTIVE and not expired(data, now):
-                found.append(data)  # live: always listed
-            elif _listed(kind, False, include_expired, include_completed, include_released):
-                found.append(data)
-        return found
+        owner = None if owner is None else validate.owner(owner)
+        return _reads.listed_data(self.store.read(), self._now(), owner, include_expired,
+                                  include_completed, include_released)
 
     def is_stale(self, claim: Claim) -> str | None:
         """Why ``claim`` may be taken over now, or None."""
@@ -562,30 +491,9 @@ class Registry:
         return self.prober.verdict(claim.identity)
 
     def stats(self) -> Stats:
-        state = self.store.read()
-        now = self._now()
-        counts = {"active": 0, "expired": 0, "completed": 0, "released": 0}
-        owners: dict[str, dict[str, int]] = {}
-        for claim in state.claims.values():
-            if claim.state == ACTIVE and not rules.lease_expired(claim, now):
-                kind = "active"
-            elif claim.state in (ACTIVE, EXPIRED):
-                kind = "expired"
-            else:
-                kind = claim.state
-            counts[kind] += 1
-            if kind != "released":
-                per = owners.setdefault(claim.owner, {"active": 0, "expired": 0, "completed": 0})
-                per[kind] += 1
-        by_readiness = dict.fromkeys(queue.READINESS_ORDER, 0) if len(state.tasks) else {}
-        for record in state.tasks.values():
-            by_readiness[queue.status(record, state.claims).status] += 1
-        return Stats(
-            active=counts["active"], expired=counts["expired"], completed=counts["completed"],
-            released=counts["released"], seq=state.seq, fence=state.fence,
-            per_owner={o: OwnerStats(**c) for o, c in sorted(owners.items())},
-            queue=by_readiness,
-        )
+        """Claims by kind (active, expired, completed, released) and per owner, and the work
+        queue's tasks by readiness."""
+        return _reads.count(self.store.read(), self._now())
 
     def events(
         self,
@@ -604,30 +512,10 @@ class Registry:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
             raise ValidationError("limit", "must be an integer from 1 to 100000", value=limit)
         wanted = validate.event_types(types, ev.ALL_TYPES)
-        if task is not None:
-            task = validate.task(task)
-        if owner is not None:
-            owner = validate.owner(owner)
-        out: list[Event] = []
-        cursor = after
-        more = False
-        for data in self.store.iter_events(after):
-            if len(out) >= limit:
-                more = True
-                break
-            cursor = int(data["seq"])
-            if wanted is not None and data.get("type") not in wanted:
-                continue
-            if task is not None and data.get("task") != task:
-                continue
-            if owner is not None and owner not in (data.get("owner"), data.get("actor"),
-                                                   data.get("prev_owner"), data.get("holder")):
-                continue
-            ts = data.get("ts", 0.0)
-            if (since is not None and ts < since) or (until is not None and ts > until):
-                continue
-            out.append(Event.from_dict(data))
-        return EventPage(out, cursor, more)
+        task = None if task is None else validate.task(task)
+        owner = None if owner is None else validate.owner(owner)
+        return _reads.event_page(self.store.iter_events(after), after, limit, wanted, task,
+                                 owner, since, until)
 
     def verify(self) -> VerifyReport:
         return self.store.verify()
@@ -658,98 +546,4 @@ class Registry:
         self.close()
 
 
-class Lease:
-    """A held claim renewed at a third of its TTL by a daemon thread.
-
-    ``lost`` is set when renewal fails for good; ``lost_reason`` says why (never hidden). On leaving
-    the ``with`` block the claim is released unless ``complete()`` was called or it was lost.
-    """
-
-    def __init__(self, registry: Registry, claim: Claim) -> None:
-        self.registry = registry
-        self.claim = claim
-        self.task = claim.task
-        self.fence = claim.fence
-        assert claim.token is not None
-        self.token: str = claim.token
-        self.lost = threading.Event()
-        self.lost_reason: FleetclaimsError | None = None
-        self._stop = threading.Event()
-        self._done = False
-        self._mutex = threading.Lock()
-        self._thread = threading.Thread(
-            target=self._heartbeat, name=f"fleetclaims-lease-{claim.task}", daemon=True
-        )
-        self._thread.start()
-
-    def _interval(self) -> float:
-        ttl = self.claim.ttl
-        return 5.0 if ttl is None else max(ttl / 3.0, 0.05)
-
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(self._interval()):
-            self._beat()
-            if self.lost.is_set():
-                return
-
-    def _beat(self) -> None:
-        with self._mutex:
-            if self._done or self.lost.is_set():
-                return
-            try:
-                self.claim = self.registry.renew(self.task, token=self.token)
-            except (RegistryBusy, StoreUnavailable):
-                # Transient: the next beat retries. If the lease runs out meanwhile, the next
-                # renew raises LeaseExpired, which is final.
-                return
-            except FleetclaimsError as exc:
-                self.lost_reason = exc
-                self.lost.set()
-
-    def renew(self) -> Claim:
-        with self._mutex:
-            self.claim = self.registry.renew(self.task, token=self.token)
-            return self.claim
-
-    def check(self) -> None:
-        """Raise the reason the lease was lost, if it was."""
-        if self.lost_reason is not None:
-            raise self.lost_reason
-
-    def complete(self, result: Any = None) -> Claim:
-        with self._mutex:
-            self.check()
-            self.claim = self.registry.complete(self.task, token=self.token, result=result)
-            self._done = True
-        self._stop.set()
-        return self.claim
-
-    def release(self) -> bool:
-        with self._mutex:
-            if self._done:
-                return False
-            self._done = True
-            self._stop.set()
-            try:
-                return self.registry.release(self.task, token=self.token)
-            except NotHolder:
-                return False
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self.stop()
-        if not self._done and not self.lost.is_set():
-            self.release()
+__all__ = ["Durability", "Lease", "OwnerStats", "Registry", "Stats", "new_token"]

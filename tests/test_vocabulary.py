@@ -16,6 +16,8 @@ from fleetclaims import Registry
 from fleetclaims.cli import ALIASES, COMMANDS, _command_of, all_commands, build_parser, main
 from fleetclaims.cli.output import EXIT_CODES, exit_code, exit_code_of
 
+pytestmark = pytest.mark.integration  # one test runs the CLI on a file registry
+
 #: Registry methods the command line does not offer as a subcommand of their own, and why.
 NOT_ON_CLI = {
     "task": "`get TASK` shows the task's queue entry with its claim",

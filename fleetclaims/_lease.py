@@ -1,0 +1,110 @@
+"""``Lease``: a held claim kept alive by a heartbeat thread (what ``Registry.hold`` returns)."""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .core.errors import FleetclaimsError, NotHolder, RegistryBusy, StoreUnavailable
+
+if TYPE_CHECKING:
+    from .api import Registry
+    from .core.model import Claim
+
+
+class Lease:
+    """A held claim renewed at a third of its TTL by a daemon thread.
+
+    ``lost`` is set when renewal fails for good; ``lost_reason`` says why (never hidden). On leaving
+    the ``with`` block the claim is released unless ``complete()`` was called or it was lost.
+    """
+
+    def __init__(self, registry: Registry, claim: Claim) -> None:
+        self.registry = registry
+        self.claim = claim
+        self.task = claim.task
+        self.fence = claim.fence
+        assert claim.token is not None
+        self.token: str = claim.token
+        self.lost = threading.Event()
+        self.lost_reason: FleetclaimsError | None = None
+        self._stop = threading.Event()
+        self._done = False
+        self._mutex = threading.Lock()
+        self._thread = threading.Thread(
+            target=self._heartbeat, name=f"fleetclaims-lease-{claim.task}", daemon=True
+        )
+        self._thread.start()
+
+    def _interval(self) -> float:
+        ttl = self.claim.ttl
+        return 5.0 if ttl is None else max(ttl / 3.0, 0.05)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self._interval()):
+            self._beat()
+            if self.lost.is_set():
+                return
+
+    def _beat(self) -> None:
+        with self._mutex:
+            if self._done or self.lost.is_set():
+                return
+            try:
+                self.claim = self.registry.renew(self.task, token=self.token)
+            except (RegistryBusy, StoreUnavailable):
+                # Transient: the next beat retries. If the lease runs out meanwhile, the next
+                # renew raises LeaseExpired, which is final.
+                return
+            except FleetclaimsError as exc:
+                self.lost_reason = exc
+                self.lost.set()
+
+    def renew(self) -> Claim:
+        with self._mutex:
+            self.claim = self.registry.renew(self.task, token=self.token)
+            return self.claim
+
+    def check(self) -> None:
+        """Raise the reason the lease was lost, if it was."""
+        if self.lost_reason is not None:
+            raise self.lost_reason
+
+    def complete(self, result: Any = None) -> Claim:
+        with self._mutex:
+            self.check()
+            self.claim = self.registry.complete(self.task, token=self.token, result=result)
+            self._done = True
+        self._stop.set()
+        return self.claim
+
+    def release(self) -> bool:
+        with self._mutex:
+            if self._done:
+                return False
+            self._done = True
+            self._stop.set()
+            try:
+                return self.registry.release(self.task, token=self.token)
+            except NotHolder:
+                return False
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self.stop()
+        if not self._done and not self.lost.is_set():
+            self.release()

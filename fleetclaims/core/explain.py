@@ -101,8 +101,8 @@ def describe(e: dict[str, Any]) -> str:
         after = e.get("after")
         text = "it became ready" + (" (unblocked)" if after == "unblock"
                                      else f" ({after} was completed)" if after else "")
-    else:
-        text = str(kind)
+    else:  # the schema's one-line narration (its type name for an unknown type)
+        text = ev.narrate(e)
     return prefix + text
 
 

@@ -63,11 +63,34 @@ class VerifyReport:
 
 Decide = Callable[[State, Now], Decision]
 
+# Capability names a store may declare (see ``Capabilities``).
+LOCAL_DIRECTORY = "local_directory"  # ``location`` is a directory: FLEETCLAIMS_DIR finds it
+SHARED = "shared"  # several machines use the registry at once
+SERVER_CLOCK = "server_clock"  # leases run on the store's clock (``now()``), not the caller's
+SCHEMA_MIGRATIONS = "schema_migrations"  # ``migrate_schema()`` creates or upgrades the schema
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a store is and offers, so callers ask it instead of checking its class."""
+
+    kind: str  # "file", "postgres", "memory"
+    features: frozenset[str] = frozenset()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.features
+
 
 class Store(Protocol):
     """What the Registry needs from a backend. Both stores pass one contract suite."""
 
     location: str
+    capabilities: Capabilities
+
+    def now(self) -> Now:
+        """The time decisions are made on: the store's clock (PostgreSQL: the server's) or
+        the one it was given."""
+        ...
 
     def transact(self, decide: Decide) -> tuple[Decision, State]:
         """Under the registry's write serialisation: read current state and the time, decide,

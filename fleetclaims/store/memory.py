@@ -11,20 +11,26 @@ import orjson
 
 from ..core import events as ev
 from ..core.chain import envelope, seal
+from ..core.model import Now
 from ..core.rules import Decision
 from ..core.state import State
 from ..system import Clock
-from .base import Decide, VerifyReport
+from .base import Capabilities, Decide, VerifyReport
 from .file.journal import parse_line
 
 
 class MemoryStore:
+    capabilities = Capabilities("memory")
+
     def __init__(self, *, clock: Clock, location: str = "memory:") -> None:
         self.location = location
         self.clock = clock
         self.lines: list[bytes] = []
         self._state = State()
         self._mutex = threading.RLock()
+
+    def now(self) -> Now:
+        return self.clock.now()
 
     def transact(self, decide: Decide) -> tuple[Decision, State]:
         with self._mutex:

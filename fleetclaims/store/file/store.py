@@ -26,10 +26,11 @@ from ...core.errors import (
     UnsafeRegistry,
     ValidationError,
 )
+from ...core.model import Now
 from ...core.rules import Decision
 from ...core.state import State
 from ...system import Clock, current_pid, unsafe_filesystem
-from ..base import Decide, VerifyReport
+from ..base import LOCAL_DIRECTORY, Capabilities, Decide, VerifyReport
 from . import fsutil
 from .faults import crash_point, osc
 from .journal import apply_checked, line_before, preallocate, write_at
@@ -57,6 +58,8 @@ CHECKPOINT_DIVISOR = 8
 
 
 class FileStore:
+    capabilities = Capabilities("file", frozenset({LOCAL_DIRECTORY}))
+
     def __init__(
         self,
         directory: str | os.PathLike[str],
@@ -132,6 +135,9 @@ class FileStore:
         self._state = None
         self._offset = 0
         self._padding_checked = False
+
+    def now(self) -> Now:
+        return self.clock.now()
 
     def close(self) -> None:
         with self._mutex:

@@ -1,0 +1,325 @@
+"""The PostgreSQL registry's schema: its DDL by version, the upgrades that apply it, and the
+statements the store and its tables run (all in one schema per registry; several registries
+can share a database under different schema names).
+
+Tables:
+
+- ``head``: one row (seq, head hash, last fence, origin). Every write transaction locks it
+  ``FOR UPDATE`` first. That single lock serialises writers, so seq numbers are handed out
+  gap-free and transactions commit in seq order: a reader that sees seq N sees every seq < N,
+  which makes seq a safe event cursor (a SQL sequence would not be: it can be skipped while a
+  writer is still in flight).
+- ``audit``: one row per journal event holding the exact sealed line text (so the hash chain
+  verifies byte for byte like the file store's ``audit.jsonl`` and a migration keeps every hash)
+  plus seq/ts/type/task/owner/actor/fence/hash columns for filtering.
+- ``claims``: the current record of each task (``Claim.to_dict`` as jsonb plus indexed
+  columns), updated in the same transaction as the audit rows.
+- ``tasks``: the work queue (``Task.to_dict`` as jsonb, a done flag kept by triggers).
+- ``schema_version``: the migrations applied (``migrate()``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+
+from ...core.errors import RegistryCorrupt, StoreUnavailable, ValidationError
+from ...core.model import GENESIS
+
+SCHEMA_VERSION = 3
+DEFAULT_SCHEMA = "fleetclaims"
+SCHEMA_ENV = "FLEETCLAIMS_PG_SCHEMA"
+
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+# A task's place in hand-out order (queue.Key: priority, added_at, then the id by code point;
+# COLLATE "C" is byte order, the same as code point order in UTF-8). The same expressions in
+# the index and in the query, so the server walks the index.
+_TASK_KEY = ("((data->>'priority')::bigint), ((data->>'added_at')::float8), "
+             '(task COLLATE "C")')
+
+
+def _v1(s: str) -> list[str]:
+    """Schema 1: the head row, the journal and the claims."""
+    return [
+        f"""CREATE TABLE {s}.head (
+            id smallint PRIMARY KEY CHECK (id = 1),
+            seq bigint NOT NULL CHECK (seq >= 0),
+            head text NOT NULL,
+            fence bigint NOT NULL CHECK (fence >= 0),
+            origin text NOT NULL,
+            updated_at timestamptz NOT NULL DEFAULT now())""",
+        f"INSERT INTO {s}.head (id, seq, head, fence, origin) "
+        f"VALUES (1, 0, '{GENESIS}', 0, '')",
+        f"""CREATE TABLE {s}.audit (
+            seq bigint PRIMARY KEY CHECK (seq > 0),
+            ts double precision NOT NULL,
+            type text NOT NULL,
+            task text,
+            owner text,
+            actor text,
+            fence bigint,
+            hash text NOT NULL,
+            line text NOT NULL)""",
+        f"CREATE INDEX audit_task ON {s}.audit (task, seq)",
+        f"CREATE INDEX audit_owner ON {s}.audit (owner, seq)",
+        f"""CREATE TABLE {s}.claims (
+            task text PRIMARY KEY,
+            owner text NOT NULL,
+            state text NOT NULL,
+            fence bigint NOT NULL,
+            expires_at double precision,
+            seq bigint NOT NULL,
+            data jsonb NOT NULL)""",
+        f"CREATE INDEX claims_owner ON {s}.claims (owner)",
+        f"CREATE INDEX claims_state ON {s}.claims (state, expires_at)",
+        f"""CREATE FUNCTION {s}.head_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.seq < OLD.seq OR NEW.fence < OLD.fence THEN
+                RAISE EXCEPTION 'fleetclaims: seq and fence never go back (% -> %, % -> %)',
+                    OLD.seq, NEW.seq, OLD.fence, NEW.fence;
+            END IF;
+            RETURN NEW;
+        END $$""",
+        f"CREATE TRIGGER head_guard BEFORE UPDATE ON {s}.head "
+        f"FOR EACH ROW EXECUTE FUNCTION {s}.head_guard()",
+        f"""CREATE FUNCTION {s}.audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION 'fleetclaims: the audit journal is append-only';
+        END $$""",
+        f"CREATE TRIGGER audit_append_only BEFORE UPDATE OR DELETE ON {s}.audit "
+        f"FOR EACH ROW EXECUTE FUNCTION {s}.audit_append_only()",
+        f"COMMENT ON TABLE {s}.audit IS 'fleetclaims journal: one sealed, hash-chained "
+        "line per event; seq is gap-free and commits in order'",
+
+    ]
+
+
+def _v2(s: str) -> list[str]:
+    """Schema 2: the work queue."""
+    return [
+        f"""CREATE TABLE {s}.tasks (
+            task text PRIMARY KEY,
+            seq bigint NOT NULL,
+            data jsonb NOT NULL)""",
+        # completing a task looks up its dependants without loading the whole queue
+        f"CREATE INDEX tasks_depends_on ON {s}.tasks USING gin ((data->'depends_on'))",
+
+    ]
+
+
+def _v3(s: str) -> list[str]:
+    """Schema 3: claim_next walks the open tasks in hand-out order instead of sorting them all."""
+    return [
+        f"ALTER TABLE {s}.tasks ADD COLUMN done boolean NOT NULL DEFAULT false",
+        f"UPDATE {s}.tasks t SET done = EXISTS (SELECT 1 FROM {s}.claims c "
+        "WHERE c.task = t.task AND c.state = 'completed')",
+        f"CREATE INDEX tasks_open ON {s}.tasks ({_TASK_KEY}) WHERE NOT done",
+        # A task is done when its claim is completed: kept by the claims table itself, so
+        # no writer (of any version of this schema) can forget it.
+        f"""CREATE FUNCTION {s}.task_done() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            UPDATE {s}.tasks SET done = (NEW.state = 'completed')
+             WHERE task = NEW.task AND done IS DISTINCT FROM (NEW.state = 'completed');
+            RETURN NULL;
+        END $$""",
+        # (fired only when a claim becomes or stops being completed: claim and release,
+        # the operations most often run, pay nothing)
+        f"CREATE TRIGGER task_done AFTER INSERT ON {s}.claims FOR EACH ROW "
+        f"WHEN (NEW.state = 'completed') EXECUTE FUNCTION {s}.task_done()",
+        f"CREATE TRIGGER task_undone AFTER UPDATE OF state ON {s}.claims FOR EACH ROW "
+        "WHEN (OLD.state IS DISTINCT FROM NEW.state AND "
+        "(OLD.state = 'completed' OR NEW.state = 'completed')) "
+        f"EXECUTE FUNCTION {s}.task_done()",
+        f"""CREATE FUNCTION {s}.task_added() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            NEW.done := EXISTS (SELECT 1 FROM {s}.claims c
+                                 WHERE c.task = NEW.task AND c.state = 'completed');
+            RETURN NEW;
+        END $$""",
+        f"CREATE TRIGGER task_added BEFORE INSERT ON {s}.tasks "
+        f"FOR EACH ROW EXECUTE FUNCTION {s}.task_added()",
+
+    ]
+
+
+def migrations(s: str) -> dict[int, list[str]]:
+    """Schema changes by version; ``s`` is the quoted schema name. Append, never edit."""
+    return {1: _v1(s), 2: _v2(s), 3: _v3(s)}
+
+
+def parse_location(url: str, schema: str | None = None) -> tuple[str, str, str]:
+    """(libpq conninfo, schema, display location) for a ``postgresql://`` URL.
+
+    The schema comes from the argument, else the URL's ``?schema=``, else ``FLEETCLAIMS_PG_SCHEMA``,
+    else ``fleetclaims``. The display location has no password and names the schema, so it can
+    be passed back to ``Registry`` (the password then comes from PGPASSWORD or ~/.pgpass).
+    """
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    from_url = [v for k, v in query if k == "schema"]
+    rest = [(k, v) for k, v in query if k != "schema"]
+    chosen = schema or (from_url[-1] if from_url else None) or os.environ.get(SCHEMA_ENV) or (
+        DEFAULT_SCHEMA
+    )
+    if not _SCHEMA_RE.match(chosen):
+        raise ValidationError(
+            "schema", "must be 1-63 characters of a-z, 0-9 and _, not starting with a digit",
+            value=chosen,
+        )
+    conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), ""))
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        netloc = userinfo.split(":", 1)[0] + "@" + hostport
+    shown = urlunsplit(
+        (parts.scheme, netloc, parts.path, urlencode([*rest, ("schema", chosen)]), "")
+    )
+    return conninfo, chosen, shown
+
+
+
+
+class Queries:
+    """The statements the store and its tables run, for one schema (``s``: its quoted name)."""
+
+    def __init__(self, s: str) -> None:
+        self.head_lock = (
+            f"SELECT seq, head, fence, origin, extract(epoch FROM clock_timestamp())::float8 "
+            f"FROM {s}.head WHERE id = 1 FOR UPDATE"
+        )
+        self.head = f"SELECT seq, head, fence, origin FROM {s}.head WHERE id = 1"
+        # The row's JSON only when it differs from the copy the caller has (same seq and eid).
+        self.claim = (
+            f"SELECT CASE WHEN seq = %s AND data->>'eid' = %s THEN NULL ELSE data::text END "
+            f"FROM {s}.claims WHERE task = %s"
+        )
+        self.claims = f"SELECT task, data::text FROM {s}.claims ORDER BY task"
+        self.task = f"SELECT data::text FROM {s}.tasks WHERE task = %s"
+        self.tasks = f"SELECT task, data::text FROM {s}.tasks ORDER BY task"
+        self.dependants = f"SELECT task FROM {s}.tasks WHERE data->'depends_on' ? %s"
+        self.candidates = _candidates(s)
+        self.task_upsert = (
+            f"INSERT INTO {s}.tasks (task, seq, data) VALUES (%s, %s, %s::jsonb) "
+            "ON CONFLICT (task) DO UPDATE SET seq = EXCLUDED.seq, data = EXCLUDED.data"
+        )
+        self.audit_insert = (
+            f"INSERT INTO {s}.audit (seq, ts, type, task, owner, actor, fence, hash, line) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        )
+        self.audit_copy = (
+            f"COPY {s}.audit (seq, ts, type, task, owner, actor, fence, hash, line) FROM STDIN"
+        )
+        self.audit_count = f"SELECT count(*) FROM {s}.audit"
+        self.claim_upsert = (
+            f"INSERT INTO {s}.claims (task, owner, state, fence, expires_at, seq, data) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb) ON CONFLICT (task) DO UPDATE SET "
+            "owner = EXCLUDED.owner, state = EXCLUDED.state, fence = EXCLUDED.fence, "
+            "expires_at = EXCLUDED.expires_at, seq = EXCLUDED.seq, data = EXCLUDED.data"
+        )
+        self.head_update = (
+            f"UPDATE {s}.head SET seq = %s, head = %s, fence = %s, origin = %s, "
+            "updated_at = now() WHERE id = 1"
+        )
+        self.lines = f"SELECT seq, line FROM {s}.audit WHERE seq > %s ORDER BY seq LIMIT %s"
+        self.line_at = f"SELECT line FROM {s}.audit WHERE seq = %s"
+        self.version = f"SELECT max(version) FROM {s}.schema_version"
+        self.server_time = "SELECT extract(epoch FROM clock_timestamp())::float8"
+
+
+def _candidates(s: str) -> str:
+    """claim_next's candidates (TaskView.candidates): the open tasks (not done) after the last
+    key seen, in hand-out order, a page at a time: the server walks the index tasks_open and
+    stops at the page's end. For each, whether a live claim holds it and whether it is
+    otherwise ready (not blocked, every dependency completed, the labels asked for); the
+    caller skips the rest but pages on from the last task walked."""
+    inner = _TASK_KEY
+    outer = _TASK_KEY.replace("data->", "t.data->").replace("(task ", "(t.task ")
+    return (
+        "SELECT t.task, t.data::text, coalesce(c.state IN ('active', 'expired'), false), "
+        "jsonb_typeof(t.data->'blocked') IS DISTINCT FROM 'string' "
+        "AND c.state IS DISTINCT FROM 'completed' "
+        "AND coalesce(t.data->'labels', '[]'::jsonb) @> %s::jsonb "
+        "AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(t.data->'depends_on') d "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {s}.claims u WHERE u.task = d.value "
+        "AND u.state = 'completed')), "
+        "(t.data->>'priority')::bigint, (t.data->>'added_at')::float8 "
+        f"FROM (SELECT task, data FROM {s}.tasks WHERE NOT done "
+        f"AND ({inner}) > (%s, %s, %s COLLATE \"C\") ORDER BY {inner} LIMIT %s) t "
+        f"LEFT JOIN {s}.claims c ON c.task = t.task ORDER BY {outer}"
+    )
+
+
+def installed_version(conn: psycopg.Connection[Any], s: str) -> int:
+    """The schema version in place (0: none)."""
+    try:
+        row = conn.execute(f"SELECT max(version) FROM {s}.schema_version").fetchone()
+    except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+        return 0
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def check_version(version: int, schema: str, location: str) -> None:
+    """Refuse a schema newer than this fleetclaims understands."""
+    if version > SCHEMA_VERSION:
+        raise RegistryCorrupt(
+            location,
+            f"schema {schema!r} is at version {version}, newer than this fleetclaims "
+            f"understands ({SCHEMA_VERSION})",
+            hint="Upgrade fleetclaims on this machine.",
+        )
+
+
+def migrate(conn: psycopg.Connection[Any], schema: str, location: str) -> int:
+    """Create or upgrade ``schema`` to SCHEMA_VERSION in one transaction; returns the version
+    now in place. Safe to run concurrently (an advisory lock serialises migrations)."""
+    key = int.from_bytes(
+        hashlib.sha256(f"fleetclaims-schema:{schema}".encode()).digest()[:8], "big",
+        signed=True,
+    )
+    s = f'"{schema}"'
+    try:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {s}.schema_version (version integer PRIMARY KEY, "
+                "applied_at timestamptz NOT NULL DEFAULT now(), by_version text NOT NULL)"
+            )
+            row = conn.execute(f"SELECT max(version) FROM {s}.schema_version").fetchone()
+            current = int(row[0]) if row and row[0] is not None else 0
+            from ... import __version__
+
+            for version, statements in sorted(migrations(s).items()):
+                if version <= current:
+                    continue
+                for statement in statements:
+                    conn.execute(statement)
+                conn.execute(
+                    f"INSERT INTO {s}.schema_version (version, by_version) VALUES (%s, %s)",
+                    (version, __version__),
+                )
+                current = version
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise StoreUnavailable(
+            location,
+            f"not allowed to create schema {schema!r}: {describe(exc)} (ask the "
+            "database owner to run `fleetclaims db migrate` or grant CREATE)",
+            committed=False,
+        ) from None
+    except psycopg.Error as exc:
+        raise StoreUnavailable(location, describe(exc), committed=False) from None
+    return current
+
+
+def describe(exc: BaseException) -> str:
+    """A database error in one line, with its SQLSTATE."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else type(exc).__name__
+    state = getattr(exc, "sqlstate", None)
+    return f"{first} (SQLSTATE {state})" if state else first

@@ -207,3 +207,15 @@ def test_cli_modules_import_downward_only() -> None:
                    for n in edges.get(start, ()))
 
     assert not [m for m in edges if reaches(m, m, set())]
+
+
+def test_readme_command_reference_names_every_subcommand_and_alias() -> None:
+    """The README's command reference shows every canonical subcommand and names each alias."""
+    import re
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Command reference", 1)[1].split("\n## ", 1)[0]
+    for name in COMMANDS:
+        assert re.search(rf"`{re.escape(name)}[ `]", section), name
+    for old in ALIASES:
+        assert f"(alias `{old}`)" in section, old

@@ -91,8 +91,7 @@ class Registry:
 
     def _now(self) -> Now:
         """The clock decisions use: the store's (PostgreSQL: the server's) or ours."""
-        now = getattr(self.store, "now", None)
-        return now() if callable(now) else self.clock.now()
+        return self.store.now()
 
     def _run(self, decide: Callable[[State, Now], Decision]) -> tuple[Decision, State]:
         decision, state = self.store.transact(decide)

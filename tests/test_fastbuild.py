@@ -21,7 +21,9 @@ from fleetclaims.core import events as ev
 from fleetclaims.core.model import Claim, Identity, Retired
 from fleetclaims.core.state import State
 
-TARGET = Path(__file__).resolve().parents[1] / "fleetclaims" / "core" / "_fastbuild.py"
+pytestmark = pytest.mark.unit
+
+TARGET = Path(fast.__file__)
 _DEADLINE = ("ttl", "expires_at", "boot_deadline", "deadline_boot")
 # name -> the Claim fields it sets, in argument order (the rest are copied from ``src``).
 REPLACERS: dict[str, tuple[str, ...]] = {

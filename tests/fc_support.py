@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from fleetclaims.core import events as ev
-from fleetclaims.core.model import State
+from fleetclaims.core.state import State
 from fleetclaims.store.file.journal import apply_checked, parse_line
 from fleetclaims.store.file.reader import iter_lines
 

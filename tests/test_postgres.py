@@ -36,7 +36,7 @@ from fleetclaims import (
 )
 from fleetclaims.core import events as ev
 from fleetclaims.core.liveness import LocalFacts, decide_liveness
-from fleetclaims.core.model import State
+from fleetclaims.core.state import State
 from fleetclaims.review.migrate import copy_registry
 from fleetclaims.store.file import faults
 from fleetclaims.store.postgres.store import SCHEMA_VERSION, PostgresStore, parse_location

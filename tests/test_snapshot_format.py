@@ -15,7 +15,7 @@ from fc_support import journal_lines, replay
 
 from fleetclaims import Registry
 from fleetclaims.cli import main
-from fleetclaims.core.model import State
+from fleetclaims.core.state import State
 from fleetclaims.store.file.snapshot import (
     SnapshotClaims,
     SnapshotError,

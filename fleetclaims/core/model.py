@@ -400,12 +400,3 @@ def _float(value: Any) -> float:
 def _opt_float(value: Any) -> float | None:
     return None if value is None else _float(value)
 
-
-def __getattr__(name: str) -> Any:
-    """Transitional: ``State`` and ``ClaimTable`` moved to ``state.py``; importers still being
-    rewritten in the shared tree find them here until they import from their new home."""
-    if name in ("State", "ClaimTable"):
-        from . import state
-
-        return getattr(state, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

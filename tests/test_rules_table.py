@@ -330,6 +330,7 @@ def _merge_events() -> tuple[dict[str, Any], ...]:
     """A merge of two registries that both granted "t": claim_superseded + registries_merged."""
     ours = state_of(held().evolve(eid="ours:5"))
     theirs = state_of(held("zed", "tz", fence=4, priority=200).evolve(eid="theirs:4"))
+    theirs.tasks.put(Task("q", eid="theirs:9"), theirs.claims)  # the queue merges too
     theirs.origin = "them"
     plan = plan_merge(ours, [], theirs, [], NOW, source="../other", actor="merger")
     return plan.events
@@ -339,7 +340,9 @@ def test_every_decided_event_is_declared_in_the_schema_with_its_fields() -> None
     """Every event type a decision (or a merge) can emit is in core.events.SCHEMA, carries
     every field the schema requires, and no field the schema does not declare."""
     emitted: list[dict[str, Any]] = [e for row in ROWS for e in row.decide(row.state()).events]
-    emitted += _merge_events()
+    merged = _merge_events()
+    assert "tasks" in merged[0] and "queue_cycles" in merged[0]
+    emitted += merged
     seen = set()
     for event in emitted:
         kind = event["type"]

@@ -38,6 +38,9 @@ from .ports import ClaimView, TaskView
 from .state import State
 
 ENVELOPE: Final = ("seq", "ts", "type", "prev", "hash")
+# What an event copied from another registry by a merge carries besides its own fields: its
+# first seal (its identity), its original time, and the mark that it changes nothing here.
+IMPORTED: Final = ("imported", "ohash", "ots")
 # What every grant carries (claim_created, claim_recovered, claim_preempted, claim_handed_off).
 _DEADLINE = ("ttl", "expires_at", "boot_deadline", "deadline_boot")
 _GRANT = ("task", "actor", "owner", "fence", "token_hash", "phase", "priority", "note",
@@ -127,7 +130,7 @@ REGISTRIES_MERGED: Final = _declare(
     "registries_merged",
     ("actor", "source", "source_origin", "imported_events", "claims", "fence_floor",
      "conflicts"),
-    "registry merged from {source}", ("tasks", "task_conflicts", "origin"))
+    "registry merged from {source}", ("tasks", "task_conflicts", "queue_cycles", "origin"))
 TASK_ADDED: Final = _declare(
     "task_added", _QUEUE_SPEC, "{actor} added {task} to the queue (priority {priority})")
 TASK_UPDATED: Final = _declare(

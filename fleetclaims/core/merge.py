@@ -71,6 +71,21 @@ def _union_retired(*lists: tuple[Retired, ...]) -> tuple[Retired, ...]:
     return tuple(ordered[-RETIRED_KEPT:])
 
 
+def _imported(their_events: list[dict[str, Any]], our_ids: set[str]) -> list[dict[str, Any]]:
+    """Their events that we lack, marked imported (kept for the record; their effect arrives
+    in the registries_merged event), with their first seal as their identity."""
+    out = []
+    for event in their_events:
+        eid = ev.event_id(event)
+        if eid in our_ids:
+            continue
+        fields = {k: v for k, v in event.items() if k not in _SKIP_ON_IMPORT}
+        fields["ots"] = fields.pop("ts", None)
+        fields.update(imported=True, ohash=eid)
+        out.append(fields)
+    return out
+
+
 def plan_merge(
     ours: State,
     our_events: list[dict[str, Any]],
@@ -84,15 +99,7 @@ def plan_merge(
     """The events that merge ``theirs`` into ``ours`` (empty when there is nothing new)."""
     our_ids = ids_of(our_events)
     their_ids = ids_of(their_events)
-    new_events: list[dict[str, Any]] = []
-    for event in their_events:
-        eid = ev.event_id(event)
-        if eid in our_ids:
-            continue
-        fields = {k: v for k, v in event.items() if k not in _SKIP_ON_IMPORT}
-        fields["ots"] = fields.pop("ts", None)
-        fields.update(imported=True, ohash=eid)
-        new_events.append(fields)
+    new_events = _imported(their_events, our_ids)
 
     merged: list[dict[str, Any]] = []
     superseded: list[dict[str, Any]] = []
@@ -147,9 +154,8 @@ def plan_merge(
         "conflicts": [c.to_dict() for c in conflicts],
     }
     if tasks:  # (absent when the queue is untouched: the event keeps its earlier shape)
-        summary["tasks"] = [t.to_dict() for t in tasks]
-        summary["task_conflicts"] = task_conflicts
-        summary["queue_cycles"] = [list(c) for c in cycles]
+        summary.update(tasks=[t.to_dict() for t in tasks], task_conflicts=task_conflicts,
+                       queue_cycles=[list(c) for c in cycles])
     return MergePlan(
         (*new_events, summary, *superseded), len(new_events), tuple(changed), tuple(conflicts),
         tuple(t.task for t in tasks), tuple(task_conflicts), tuple(cycles),

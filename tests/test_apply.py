@@ -18,6 +18,8 @@ from fleetclaims.core.model import Claim, Identity, Retired
 from fleetclaims.core.state import State
 from fleetclaims.testing import FakeClock, FakeProber
 
+pytestmark = pytest.mark.integration
+
 
 def _journal(path: Path) -> list[dict[str, Any]]:
     data = (path / "audit.jsonl").read_bytes().rstrip(b"\0")

@@ -8,9 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fleetclaims import Registry
 from fleetclaims.agents.brief import SHOWN, build, render
 from fleetclaims.testing import FakeClock
+
+pytestmark = pytest.mark.integration
 
 
 def test_sections_renew_and_stale(file_registry: Registry, clock: FakeClock) -> None:

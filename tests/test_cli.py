@@ -15,6 +15,8 @@ import pytest
 from fleetclaims import Registry, ValidationError
 from fleetclaims.cli import all_commands, main
 
+pytestmark = pytest.mark.integration
+
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     code = main(args)
@@ -163,6 +165,7 @@ def test_explain_and_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert code == 0 and "held by b" in out and "took it over from ghost" in out
 
 
+@pytest.mark.slow
 def test_help_has_examples() -> None:
     """Every subcommand's --help shows an example."""
     for name in all_commands():

@@ -10,6 +10,8 @@ import pytest
 from fleetclaims import Registry
 from fleetclaims.cli import main
 
+pytestmark = pytest.mark.integration
+
 
 def test_migrate_dir_to_postgres_and_back(tmp_path: Path, postgres_url: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:

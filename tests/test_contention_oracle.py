@@ -23,6 +23,8 @@ import orjson
 import pytest
 from fc_support import LONG, append_raw, journal_lines, replay
 
+pytestmark = pytest.mark.slow
+
 GRANTS = {"claim_created", "claim_recovered", "claim_preempted", "claim_handed_off"}
 ENDS = {"claim_released", "claim_released_forced", "claim_completed"}
 LEASE_SLACK = 0.05  # boot clock vs wall clock between two readings on one machine

@@ -17,6 +17,8 @@ from fleetclaims import (
 )
 from fleetclaims.testing import FakeClock, FakeProber
 
+pytestmark = pytest.mark.integration
+
 
 def types_of(reg: Registry) -> list[str]:
     return [e.type for e in reg.events(limit=10_000).events]

@@ -18,6 +18,8 @@ from fleetclaims.core.errors import ValidationError
 from fleetclaims.core.model import Claim, Now
 from fleetclaims.testing import FakeClock, FakeProber, memory_registry
 
+pytestmark = pytest.mark.integration
+
 PACKAGE = Path(__file__).resolve().parent.parent / "fleetclaims"
 
 

@@ -33,6 +33,8 @@ from fleetclaims.core.chain import seal
 from fleetclaims.store.file import doctor
 from fleetclaims.store.file.snapshot import encode_snapshot
 
+pytestmark = pytest.mark.integration
+
 SNAP_AT = 8  # the baseline snapshot covers the first SNAP_AT events
 
 

@@ -32,6 +32,8 @@ import fleetclaims
 from fleetclaims.core import events as ev
 from fleetclaims.store.file.faults import CRASH_POINTS
 
+pytestmark = pytest.mark.slow
+
 RUNS_CI = 5
 RUNS_LONG = 50
 RUNS = int(os.environ.get("FLEETCLAIMS_CRASH_RUNS", RUNS_LONG if LONG else RUNS_CI))

@@ -11,6 +11,8 @@ import pytest
 from fleetclaims import Registry
 from fleetclaims.cli import main
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

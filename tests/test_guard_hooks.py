@@ -17,7 +17,8 @@ import pytest
 from fleetclaims import Registry
 from fleetclaims.agents.hooks import CHAINED_SUFFIX, script
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("git") is None, reason="needs git")]
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "t@example.com",
            "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "t@example.com",
@@ -89,6 +90,7 @@ def test_guard_silent_outside_a_claimed_run(tmp_path: Path) -> None:
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.slow
 def test_guard_passes_the_holder_and_refuses_every_kind_of_loss(tmp_path: Path) -> None:
     """Live holder: 0. Recovered, handed off, completed, wrong fence, expired, half-set
     environment, no registry: refused with the reason. The guard never writes."""

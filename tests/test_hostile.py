@@ -24,6 +24,8 @@ from fleetclaims.core.errors import RegistryCorrupt
 from fleetclaims.store.file.journal import parse_line
 from fleetclaims.store.file.snapshot import SnapshotError, decode_snapshot
 
+pytestmark = pytest.mark.integration
+
 FUZZ = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])
@@ -54,6 +56,7 @@ def _typed(fn: Any, *args: Any, **kwargs: Any) -> Any:
     # anything else propagates and fails the property
 
 
+@pytest.mark.slow
 @FUZZ
 @given(task=ident, owner=ident, ttl=st.one_of(anything, st.floats(1, 90000)), note=anything,
        priority=anything, metadata=st.one_of(json_any, anything), take_stale=st.booleans())
@@ -64,6 +67,7 @@ def test_fuzz_claim(reg: fleetclaims.Registry, task: Any, owner: Any, ttl: Any, 
            metadata=metadata, take_stale=take_stale)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(task=ident, token=st.one_of(st.text(max_size=300), anything), ttl=anything,
        result=st.one_of(json_any, anything), phase=ident, to_owner=ident, reason=anything)
@@ -83,6 +87,7 @@ def test_fuzz_holder_operations(reg: fleetclaims.Registry, task: Any, token: Any
     _typed(reg.events, after=ttl, limit=result, task=task, owner=to_owner)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(metadata=json_any, result=json_any)
 def test_fuzz_round_trip_of_stored_values(reg: fleetclaims.Registry, metadata: Any,
@@ -118,6 +123,7 @@ def test_integers_beyond_64_bits(reg: fleetclaims.Registry, value: Any) -> None:
     assert reg.verify().ok
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.binary(max_size=2000))
 def test_fuzz_decode_snapshot_bytes(data: bytes) -> None:
@@ -133,6 +139,7 @@ def _checksummed(body: bytes) -> bytes:
     return body[:-1] + b',"checksum":"' + digest.encode() + b'"}\n'
 
 
+@pytest.mark.slow
 @FUZZ
 @given(obj=st.dictionaries(st.sampled_from(["format", "seq", "offset", "head", "origin", "fence",
                                             "claims", "x"]), json_any, max_size=8),
@@ -158,6 +165,7 @@ def test_fuzz_decode_snapshot_structured(obj: dict[str, Any], claims: dict[str, 
             snap.state.claims.get(task)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(line=st.binary(max_size=600), seq=st.integers(0, 10), prev=st.text(max_size=64))
 def test_fuzz_parse_line(line: bytes, seq: int, prev: str) -> None:
@@ -168,6 +176,7 @@ def test_fuzz_parse_line(line: bytes, seq: int, prev: str) -> None:
         assert exc.seq == seq and exc.offset == 7
 
 
+@pytest.mark.slow
 @FUZZ
 @given(fields=st.dictionaries(st.sampled_from(["type", "task", "owner", "fence", "token_hash",
                                                "expires_at", "ttl", "identity", "metadata",

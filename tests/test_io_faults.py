@@ -31,6 +31,8 @@ from fleetclaims import DurabilityError, FleetclaimsError
 from fleetclaims.core import events as ev
 from fleetclaims.store.file import faults
 
+pytestmark = pytest.mark.integration
+
 CALLS = ("write", "fsync", "fdatasync", "replace", "ftruncate", "open")
 ERRNOS = {
     "EIO": errno.EIO,
@@ -185,6 +187,7 @@ def run_case(directory: Path, call: str, nth: int, error: Any,
     return {"failure": failure, "acked": len(acked_seqs)}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("call", CALLS)

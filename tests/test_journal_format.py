@@ -15,6 +15,8 @@ from fleetclaims import DurabilityError, Registry
 from fleetclaims.store.file import faults
 from fleetclaims.store.file.journal import PREALLOCATE
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(autouse=True)
 def _disarm() -> object:

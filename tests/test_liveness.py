@@ -14,6 +14,8 @@ from fleetclaims.core.liveness import LocalFacts, Probe, decide_liveness
 from fleetclaims.core.model import Identity
 from fleetclaims.system import SystemProber, local_facts, probe
 
+pytestmark = pytest.mark.integration
+
 HERE = local_facts()
 
 

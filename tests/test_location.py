@@ -9,6 +9,8 @@ import pytest
 
 from fleetclaims.location import SUBDIR, git_main_worktree, resolve
 
+pytestmark = pytest.mark.integration
+
 
 def _git(*args: str, cwd: Path) -> None:
     env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",

@@ -20,6 +20,8 @@ import fleetclaims.store.file.store as sf
 from fleetclaims import RegistryBusy, UnsafeRegistry
 from fleetclaims.system import mount_of, unsafe_filesystem
 
+pytestmark = pytest.mark.integration
+
 # The holder: stops itself (SIGSTOP) right after writing a journal line, inside the lock.
 HOLDER = r"""
 import os, signal, sys

@@ -11,10 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
 
 from fleetclaims import Registry
+
+pytestmark = pytest.mark.integration
 
 TOOLS = {"claim", "renew", "release", "complete", "recover", "handoff", "get", "claims",
          "events", "explain", "sweep", "brief", "claim_next", "ready",
@@ -115,6 +118,7 @@ def test_two_agents_claim_conflict_renew_complete(tmp_path: Path) -> None:
         assert c is not None and c.state == "completed" and c.result == {"pr": 17}
 
 
+@pytest.mark.slow
 def test_recover_handoff_explain_sweep_and_bad_input(tmp_path: Path) -> None:
     """A stale claim is recovered, handed off with its token, explained; bad input is a typed
     tool error and writes nothing."""

@@ -14,6 +14,8 @@ from fleetclaims import Registry, RegistryCorrupt
 from fleetclaims.cli import main
 from fleetclaims.testing import FakeClock, FakeProber
 
+pytestmark = pytest.mark.integration
+
 
 def _queue(reg: Registry) -> list[tuple[object, ...]]:
     return [(s.task.task, s.task.priority, s.task.depends_on, s.task.labels, s.task.note,

@@ -16,6 +16,8 @@ from oracle import check, operations, read_journal
 
 from fleetclaims import ClaimConflict, FleetclaimsError, Registry, TaskCompleted
 
+pytestmark = pytest.mark.integration
+
 CTX = multiprocessing.get_context("fork")
 
 

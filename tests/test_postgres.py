@@ -41,7 +41,7 @@ from fleetclaims.review.migrate import copy_registry
 from fleetclaims.store.file import faults
 from fleetclaims.store.postgres.store import SCHEMA_VERSION, PostgresStore, parse_location
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 CTX = multiprocessing.get_context("spawn")
 
 
@@ -259,6 +259,7 @@ def _tail(url: str, seconds: float, out: str, start: Any) -> None:
     Path(out).write_text(json.dumps({"cursor": cursor, "seen": seen, "gaps": gaps}))
 
 
+@pytest.mark.slow
 def test_seq_gap_free_for_readers_and_fences_increase(pg: str, tmp_path: Path) -> None:
     """4 writer processes and a follower: the follower never sees a gap in seq, and every
     grant's fence is higher than all before it, across clients."""
@@ -334,6 +335,7 @@ def _oracle_worker(url: str, name: str, ops: int, seed: int, log: str, start: An
     Path(log).write_text(json.dumps(acks))
 
 
+@pytest.mark.slow
 def test_multiprocess_oracle_as_different_hosts(pg: str, tmp_path: Path) -> None:
     """4 processes posing as 4 hosts x 100 operations on 3 tasks: no overlapping live holders,
     contiguous seq, strictly increasing fences, exactly one audit record per acknowledged
@@ -410,6 +412,7 @@ def test_migrate_dir_to_postgres_and_back(pg: str, tmp_path: Path) -> None:
 # --- failures --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_server_restart_between_operations_is_retried(own_server: PgServer) -> None:
     """A server crash and restart between operations: the next operation reconnects and
     succeeds, nothing is lost."""
@@ -422,6 +425,7 @@ def test_server_restart_between_operations_is_retried(own_server: PgServer) -> N
         assert reg.verify().ok and reg.stats().seq == 3
 
 
+@pytest.mark.slow
 def test_server_down_gives_store_unavailable_not_committed(own_server: PgServer) -> None:
     """With the server gone an operation fails with StoreUnavailable(committed=False) within
     lock_timeout; after a restart the registry is exactly as before."""
@@ -441,6 +445,7 @@ def test_server_down_gives_store_unavailable_not_committed(own_server: PgServer)
         assert _claims(reg) == before and reg.verify().ok
 
 
+@pytest.mark.slow
 def test_server_crash_mid_operation(own_server: PgServer) -> None:
     """The server crashes after the writes and before COMMIT. Restarted at once: the operation
     is retried on the new server and commits exactly once. Left down: committed=None, and after

@@ -22,6 +22,8 @@ from fleetclaims import (
 from fleetclaims.core import queue
 from fleetclaims.testing import FakeClock, FakeProber, memory_registry
 
+pytestmark = pytest.mark.integration
+
 
 def _types(reg: Registry, after: int = 0) -> list[tuple[str, str | None]]:
     return [(e.type, e.task) for e in reg.events(after=after, limit=10_000).events]

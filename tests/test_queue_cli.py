@@ -12,6 +12,8 @@ from fleetclaims import Registry
 from fleetclaims.core.queue import queue_times
 from fleetclaims.review.report import render_html
 
+pytestmark = pytest.mark.integration
+
 
 def test_queue_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = str(tmp_path / "r")

@@ -10,10 +10,13 @@ import random
 import time
 from pathlib import Path
 
+import pytest
 from fc_support import run_workers
 from oracle import check, read_journal
 
 from fleetclaims import Registry
+
+pytestmark = pytest.mark.integration
 
 CTX = multiprocessing.get_context("fork")
 TASKS = 200

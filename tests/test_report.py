@@ -24,6 +24,8 @@ from fleetclaims.core.model import Claim, Now
 from fleetclaims.errors import ClaimConflict
 from fleetclaims.review import report
 
+pytestmark = pytest.mark.integration
+
 T0 = 1_700_000_000.0
 EVIL = 'dead <script>alert("x")</script> & \'quoted\' "owner"'
 GRANTS = {"claim_created", "claim_recovered", "claim_preempted", "claim_handed_off"}

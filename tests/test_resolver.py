@@ -5,11 +5,14 @@ from __future__ import annotations
 import itertools
 import locale
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetclaims.core.model import Claim
 from fleetclaims.core.resolver import compare, order_key, winner
+
+pytestmark = pytest.mark.unit
 
 claims = st.builds(
     Claim,

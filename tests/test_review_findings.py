@@ -35,6 +35,8 @@ from fleetclaims import DurabilityError, RegistryBusy
 from fleetclaims.store.file import faults
 from fleetclaims.store.file.lock import RegistryLock, bump_generation_at
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(autouse=True)
 def _disarm() -> Iterator[None]:

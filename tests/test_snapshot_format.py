@@ -24,6 +24,8 @@ from fleetclaims.store.file.snapshot import (
 )
 from fleetclaims.testing import FakeClock, FakeProber
 
+pytestmark = pytest.mark.integration
+
 
 def encode_format_1(state: State, offset: int) -> bytes:
     """The snapshot exactly as the previous version wrote it (format 1)."""

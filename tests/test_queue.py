@@ -91,7 +91,7 @@ def test_claiming_a_task_that_is_not_ready(registry: Registry) -> None:
     with pytest.raises(TaskNotReady) as pending:
         reg.claim("top", owner="a")
     assert pending.value.status == "pending" and pending.value.waits_for == ["base"]
-    assert "base" in str(pending.value) and "fleetclaims next" in str(pending.value)
+    assert "base" in str(pending.value) and "fleetclaims claim-next" in str(pending.value)
     with pytest.raises(TaskNotReady) as blocked:
         reg.claim("frozen", owner="a")
     assert blocked.value.status == "blocked" and blocked.value.reason == "flaky CI"

@@ -13,10 +13,11 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
 
 from .core.liveness import LocalFacts, Probe, decide_liveness
 from .core.model import Identity, Now, Verdict
+from .core.ports import Clock as Clock  # declared with the other ports; imported from here too
+from .core.ports import Prober as Prober
 
 _CLOCK_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
 
@@ -29,18 +30,6 @@ if hasattr(os, "register_at_fork"):
 
 def current_pid() -> int:
     return _PID[0]
-
-
-class Clock(Protocol):
-    def now(self) -> Now: ...
-
-
-class Prober(Protocol):
-    def verdict(self, identity: Identity | None) -> Verdict: ...
-
-    def identity(self) -> Identity: ...
-
-    def identity_of(self, pid: int) -> Identity: ...
 
 
 class SystemClock:

@@ -339,3 +339,76 @@ def test_chromium_renders_the_report(
     assert done.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if keep := os.environ.get("FLEETCLAIMS_REPORT_SCREENSHOT"):
         shutil.copy(shot, keep)
+
+
+def ev(seq: int, dt: float, kind: str, task: str, owner: str, **fields: Any) -> dict[str, Any]:
+    """A minimal journal event at T0 + dt."""
+    return {"seq": seq, "ts": T0 + dt, "type": kind, "task": task, "owner": owner,
+            "actor": fields.pop("actor", owner), **fields}
+
+
+def test_waits_run_from_first_refusal_to_the_waiters_grant() -> None:
+    """A wait is an owner's first refusal to its own grant of that task; an owner granted other
+    work first gave up (not counted as waiting); one still refused at the end gave up too."""
+    evs = [ev(1, 0, "claim_created", "t", "a", fence=1),
+           ev(2, 10, "claim_rejected", "t", "b"), ev(3, 20, "claim_rejected", "t", "b"),
+           ev(4, 15, "claim_rejected", "t", "c"),
+           ev(5, 40, "claim_completed", "t", "a", fence=1),
+           ev(6, 70, "claim_created", "t", "b", fence=2),        # b waited 70 - 10 = 60 s
+           ev(7, 75, "claim_created", "u", "c", fence=3),        # c gave up on t for u
+           ev(8, 80, "claim_rejected", "u", "d")]                # d still waiting at the end
+    ws = {w.task: w for w in report.waits(evs)}
+    t, u = ws["t"], ws["u"]
+    assert (t.refusals, t.waiters, t.waits, t.total, t.longest, t.longest_owner, t.gave_up) == (
+        3, ("b", "c"), 1, 60.0, 60.0, "b", 1)
+    assert (u.refusals, u.waits, u.total, u.gave_up) == (1, 0, 0.0, 1)
+    assert [w.task for w in report.waits(evs)] == ["t", "u"]  # longest total wait first
+    only_u = report.waits(evs, report.Selection(tasks={"u"}))
+    assert [w.task for w in only_u] == ["u"]
+    assert report.waits(evs, report.Selection(since=T0 + 76)) == [
+        report.Wait("u", 1, ("d",), 0, 0.0, 0.0, "", 1, T0 + 80)]
+
+
+def test_losses_name_who_lost_and_who_took(
+    journal: tuple[list[dict[str, Any]], float],
+) -> None:
+    """Every expiry, takeover, preemption and forced release is a loss naming the holder that
+    lost it and who took it (or forced it), in journal order."""
+    evs, _ = journal
+    got = [(x.task, x.kind, x.lost_by, x.by) for x in report.losses(evs)]
+    assert got == [("build/x", "lease_expired", "agent-a", None),
+                   ("build/x", "claim_recovered", "agent-a", "agent-b"),
+                   ("docs", "claim_preempted", "agent-a", "agent-d"),
+                   ("docs", "claim_released_forced", "agent-d", "admin"),
+                   ("lint", "claim_recovered", "agent-a", "agent-b")]
+    assert report.losses(evs, report.Selection(owners={"agent-d"})) == [
+        x for x in report.losses(evs) if "agent-d" in (x.lost_by, x.by)]
+
+
+def counts(html: str) -> dict[str, int]:
+    """The header's figures, by name."""
+    found = re.findall(r'data-count="([^"]+)"><b>([\d,]+)</b>', html)
+    return {name: int(n.replace(",", "")) for name, n in found}
+
+
+def test_header_counts_and_period_follow_the_selection(
+    journal: tuple[list[dict[str, Any]], float],
+) -> None:
+    """A filtered report counts only what it shows, and its axis spans only the selected
+    events (not up to the time it was generated)."""
+    evs, gen = journal
+    html = report.render_html(evs, title="all", generated_at=gen + 86400)
+    assert counts(html) == {
+        "events": len(evs), "tasks": 4, "owners": 4, "grants": 8, "completed": 1,
+        "refused claims": 1, "lost leases": 5, "still held": 1}
+    data = json.loads(parse(html).scripts[0])
+    assert (data["t0"], data["t1"]) == (evs[0]["ts"], evs[-1]["ts"])
+    docs = report.render_html(evs, title="docs", generated_at=gen, tasks=["docs"])
+    picked = [e for e in evs if e.get("task") == "docs"]
+    assert counts(docs) == {"events": len(picked), "tasks": 1, "owners": 2, "grants": 2,
+                            "completed": 0, "refused claims": 0, "lost leases": 2,
+                            "still held": 0}
+    data = json.loads(parse(docs).scripts[0])
+    assert (data["t0"], data["t1"]) == (picked[0]["ts"], picked[-1]["ts"])
+    assert data["tasks"] == ["docs"]
+    assert "What was lost" in docs and "force-released" in docs and "preempted" in docs

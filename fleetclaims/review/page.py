@@ -62,7 +62,7 @@ def cards(c: Counts) -> str:
     items = [("events", c.events, False), ("tasks", c.tasks, False), ("owners", c.owners, False),
              ("grants", c.grants, False), ("completed", c.completions, False),
              ("refused claims", c.refusals, c.refusals > 0),
-             ("lost leases", c.lost, c.lost > 0), ("held at the end", c.held_now, False)]
+             ("lost leases", c.lost, c.lost > 0), ("still held", c.held_now, False)]
     return '<div class="cards">' + "".join(
         f'<div class="card{" warn" if warn else ""}" data-count="{esc(name)}"><b>{n:,}</b>'
         f"<span>{name}</span></div>" for name, n, warn in items) + "</div>"
@@ -87,7 +87,13 @@ def _table(head: list[str], rows: list[str], numeric: Collection[int] = ()) -> s
 
 
 def _few(names: tuple[str, ...]) -> str:
-    return ", ".join(names) if len(names) <= 2 else f"{names[0]}, {names[1]} +{len(names) - 2}"
+    return ", ".join(names) if len(names) <= 2 else f"{names[0]} +{len(names) - 1}"
+
+
+def _secs(seconds: float, count: int) -> str:
+    if not count:  # nobody who waited got the task: no waiting time to show
+        return '<td class="n">—</td>'
+    return f'<td class="n" data-seconds="{seconds:.3f}">{duration(seconds)}</td>'
 
 
 def waited(ws: list[Wait], span: float) -> str:
@@ -98,8 +104,7 @@ def waited(ws: list[Wait], span: float) -> str:
     total = sum(w.total for w in ws)
     refused = sum(w.refusals for w in ws)
     rows = [f'<tr data-task="{esc(w.task)}"><td class="t" title="{esc(w.task)}">'
-            f'{esc(w.task)}</td><td class="n" data-seconds="{w.total:.3f}">{duration(w.total)}'
-            f'</td><td class="n" data-seconds="{w.longest:.3f}">{duration(w.longest)}</td>'
+            f"{esc(w.task)}</td>{_secs(w.total, w.waits)}{_secs(w.longest, w.waits)}"
             f'<td class="n">{w.refusals}</td><td class="t" title="{esc(", ".join(w.waiters))}">'
             f'{esc(_few(w.waiters))}</td><td class="n">{w.gave_up or ""}</td></tr>'
             for w in ws]

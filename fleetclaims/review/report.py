@@ -107,15 +107,16 @@ def render_html(
     regs = [(t, describe(e)) for e in evs if e.get("type") in REGISTRY_TYPES
             and (t := _num(e.get("ts"))) is not None and sel.event(e)]
     ws, ls = waits(evs, sel), losses(evs, sel)
-    summary = owner_summary(evs, generated_at=generated_at, tasks=tasks, since=since,
-                            until=until, hs=all_hs)
-    if owners is not None:
-        summary = [s for s in summary if s.owner in owners]
     times = [e_ts for e in evs if sel.event(e) and (e_ts := _num(e.get("ts"))) is not None]
     t0 = since if since is not None else min([*times, *(h.start_ts for h in hs)],
                                              default=generated_at)
     t1 = until if until is not None else max(times, default=t0)
     x = timeline.Scale(t0, t1)
+    # Time held is counted inside the period shown (a claim still held counts up to its end).
+    summary = owner_summary(evs, generated_at=generated_at, tasks=tasks, since=since,
+                            until=x.t1, hs=all_hs)
+    if owners is not None:
+        summary = [s for s in summary if s.owner in owners]
     lanes = timeline.build_lanes(hs, ms)
     colours = owner_colours([h.owner for h in hs] + [s.owner for s in summary])
     overview = timeline.density([(h.start_ts, "granted") for h in hs]

@@ -30,7 +30,7 @@ NOT_ON_CLI = {
 }
 
 #: subcommands that are not Registry methods: tools around the registry.
-CLI_ONLY = {"doctor", "audit", "run", "migrate", "db", "mcp", "guard", "hooks", "brief"}
+CLI_ONLY = {"doctor", "audit", "top", "run", "migrate", "db", "mcp", "guard", "hooks", "brief"}
 
 #: Registry methods an agent's MCP server does not offer, and why.
 NOT_ON_MCP = {

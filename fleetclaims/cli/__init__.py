@@ -54,7 +54,7 @@ COMMANDS: dict[str, str] = {
                      "handoff", "reopen", "get", "claims", "stats", "sweep"), "claims"),
     **dict.fromkeys(("add", "depend", "block", "unblock", "claim-next", "ready", "tasks"),
                     "queue"),
-    **dict.fromkeys(("events", "explain", "audit"), "audit"),
+    **dict.fromkeys(("events", "explain", "audit", "top"), "audit"),
     **dict.fromkeys(("merge", "doctor", "migrate", "db"), "admin"),
     **dict.fromkeys(("run", "mcp", "guard", "hooks", "brief"), "agents"),
 }

@@ -1,5 +1,5 @@
 """CLI commands that read the audit log: ``events`` (a cursor over it), ``explain`` (one
-task's story) and ``audit`` (filter, follow, verify, export, report)."""
+task's story), ``audit`` (filter, follow, verify, export, report) and ``top`` (a live view)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ EXAMPLES = {
     "explain": "fleetclaims explain issue-42",
     "audit": "fleetclaims audit --task issue-42 --since 2h\n  fleetclaims audit --follow --json\n"
     "  fleetclaims audit verify\n  fleetclaims audit export --format csv > audit.csv\n"
-    "  fleetclaims audit report --html timeline.html",
+    "  fleetclaims audit report --html report.html --since 1d",
+    "top": "fleetclaims top\n  fleetclaims top --owner agent-a --once",
 }
 
 
@@ -49,8 +50,22 @@ def add_parsers(add: AddParser) -> None:
     p.add_argument("--limit", type=int, default=1000)
     p.add_argument("--follow", "-f", action="store_true", help="stream new events as committed")
     p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", help="export format")
-    p.add_argument("--html", metavar="FILE", help="report: write the HTML timeline here")
+    p.add_argument("--html", metavar="FILE",
+                   help="report: write the HTML report here (- for stdout)")
     p.add_argument("--output", "-o", metavar="FILE", help="export: write here instead of stdout")
+
+
+    p = add("top", "a live view: held tasks, time left, waiters, recent events (q quits)")
+    p.add_argument("--owner", help="show only this owner's claims (key o cycles)")
+    p.add_argument("--label", help="show only tasks with this label (key l cycles)")
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+
+
+def cmd_top(args: argparse.Namespace, out: Out) -> int:
+    from ..review.top import run  # terminal handling is imported by this command only
+
+    reg = registry(args)
+    return run(reg, str(reg.location), owner=args.owner, label=args.label, once=args.once)
 
 
 def cmd_events(args: argparse.Namespace, out: Out) -> int:
@@ -95,6 +110,9 @@ def _audit_filters(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_audit(args: argparse.Namespace, out: Out) -> int:
+    if args.html is not None and args.action != "report":
+        raise ValidationError("--html", f"belongs to `audit report` (not `audit {args.action}`): "
+                              f"fleetclaims audit report --html {args.html}")
     if args.action == "verify":
         return _audit_verify(args, out)
     reg = registry(args)
@@ -123,16 +141,20 @@ def _audit_export(args: argparse.Namespace, reg: Registry, filters: dict[str, An
 def _audit_report(args: argparse.Namespace, out: Out, reg: Registry,
                   filters: dict[str, Any]) -> int:
     if not args.html:
-        raise ValidationError("--html", "is required: audit report --html FILE")
+        raise ValidationError("--html", "is required: audit report --html FILE (- for stdout)")
     from ..review.report import render_html
 
     # A report needs the whole journal (a holding may start before --since); its filters
-    # choose what is drawn.
+    # choose what is drawn and counted.
     events = _all_events(reg, args.after, {})
     html = render_html(events, title=f"fleetclaims audit — {reg.location}",
                        generated_at=time.time(),
                        tasks=None if args.task is None else [args.task],
+                       owners=None if args.owner is None else [args.owner],
                        since=filters["since"], until=filters["until"])
+    if args.html == "-":
+        sys.stdout.write(html)
+        return EXIT_OK
     with open(args.html, "w", encoding="utf-8") as fh:
         fh.write(html)
     if out.json:
@@ -227,4 +249,5 @@ def _print_verify(out: Out, report: VerifyReport, elapsed: float) -> None:
                  "(the rest goes to quarantine/)")
 
 
-COMMANDS: dict[str, Handler] = {"events": cmd_events, "explain": cmd_explain, "audit": cmd_audit}
+COMMANDS: dict[str, Handler] = {"events": cmd_events, "explain": cmd_explain, "audit": cmd_audit,
+                                "top": cmd_top}

@@ -412,3 +412,29 @@ def test_header_counts_and_period_follow_the_selection(
     assert (data["t0"], data["t1"]) == (picked[0]["ts"], picked[-1]["ts"])
     assert data["tasks"] == ["docs"]
     assert "What was lost" in docs and "force-released" in docs and "preempted" in docs
+
+
+def test_cli_report_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through a real registry and the command line: --html - writes the page to stdout (no
+    file named "-"), --task selects and counts one task, and --html without `report` or
+    `report` without --html is a usage error that writes nothing."""
+    from fleetclaims.cli import main
+
+    evs, _ = build(tmp_path / "reg")
+    monkeypatch.chdir(tmp_path)
+    base = ["--dir", str(tmp_path / "reg"), "audit"]
+    assert main([*base, "report", "--html", "-"]) == 0
+    page = capsys.readouterr().out
+    assert page.startswith("<!DOCTYPE html>") and not (tmp_path / "-").exists()
+    assert counts(page)["events"] == len(evs) and counts(page)["tasks"] == 4
+    assert main([*base, "report", "--html", "x.html", "--task", "build/x"]) == 0
+    assert "wrote x.html" in capsys.readouterr().out
+    only = (tmp_path / "x.html").read_text(encoding="utf-8")
+    assert counts(only)["events"] == sum(e.get("task") == "build/x" for e in evs)
+    assert counts(only)["tasks"] == 1 and json.loads(parse(only).scripts[0])["tasks"] == [
+        "build/x"]
+    assert main([*base, "--html", "y.html"]) == 2
+    assert "audit report" in capsys.readouterr().err and not (tmp_path / "y.html").exists()
+    assert main([*base, "report"]) == 2
+    assert "--html" in capsys.readouterr().err

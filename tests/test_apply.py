@@ -162,9 +162,9 @@ def test_apply_accepts_integral_numbers_as_floats() -> None:
     assert claim.boot_deadline is None
 
 
-def test_identity_fast_path_does_not_accept_lookalike_values() -> None:
-    """Two grants by one owner process carry equal identities; a float pid equal to an int
-    one is still refused (the fast path takes exact types only, the rest is checked)."""
+def test_identity_memo_does_not_merge_lookalike_values() -> None:
+    """Two grants by one owner process share one Identity (the state's memo); a float pid
+    equal to a remembered int one is still refused (only exact types take the memo)."""
     state = State()
     ev.apply(state, _created())
     ev.apply(state, _created(seq=3, task="u", identity={"host": "h", "machine": "m",
@@ -172,7 +172,7 @@ def test_identity_fast_path_does_not_accept_lookalike_values() -> None:
                                                         "start": 7}))
     first, second = state.claims.get("t"), state.claims.get("u")
     assert first is not None and second is not None
-    assert first.identity == second.identity  # the same owner process
+    assert first.identity is second.identity  # shared: the same owner process
     with pytest.raises(TypeError):
         ev.apply(state, _created(seq=4, task="v", identity={
             "host": "h", "machine": "m", "boot": "b", "pidns": "p", "pid": 5.0, "start": 7}))

@@ -15,7 +15,14 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Final
 
-from . import _fastbuild as fast
+from ._fastbuild import completed as _completed
+from ._fastbuild import ended as _ended
+from ._fastbuild import expired as _expired
+from ._fastbuild import new_claim as _new_claim
+from ._fastbuild import new_retired as _new_retired
+from ._fastbuild import phase_changed as _phase_changed
+from ._fastbuild import renewed as _renewed
+from ._fastbuild import superseded as _superseded
 from .model import (
     ACTIVE,
     COMPLETED,
@@ -160,6 +167,7 @@ _NO_CLAIM_CHANGE = frozenset({CLAIM_REJECTED, JOURNAL_TAIL_REPAIRED, REGISTRY_CR
 # Events that change one claim (handled by _apply_claim_event).
 _CLAIM_CHANGES = ALL_TYPES - _NO_CLAIM_CHANGE - TASK_EVENTS - {
     REGISTRIES_MERGED, REGISTRY_REBUILT}
+IDENTITY_MEMO_MAX = 1024  # owner processes remembered per state (State.identities)
 _RETIRE_CAUSE = {
     CLAIM_RECOVERED: "recovered",
     CLAIM_PREEMPTED: "preempted",
@@ -237,7 +245,7 @@ def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int)
     claims = state.claims
     current = claims.get(task)
     if kind in GRANTS:
-        claims[task] = _granted(kind, event, task, current, ts, seq, eid)
+        claims[task] = _granted(kind, event, task, current, ts, seq, eid, state.identities)
         fence = event["fence"]
         if fence > state.fence:  # (an int: _granted checked it)
             state.fence = fence
@@ -245,31 +253,31 @@ def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int)
     if current is None:
         raise ValueError(f"{kind} for task {task!r} that has no claim")
     if kind == LEASE_RENEWED:
-        new = fast.renewed(current, ts, *_deadline(event.get), seq, eid)
+        new = _renewed(current, ts, *_deadline(event.get), seq, eid)
     elif kind == PHASE_CHANGED:
-        new = fast.phase_changed(current, _str(event["phase"]), ts, *_deadline(event.get), seq, eid)
+        new = _phase_changed(current, _str(event["phase"]), ts, *_deadline(event.get), seq, eid)
     elif kind in (CLAIM_RELEASED, CLAIM_RELEASED_FORCED):
         forced = kind == CLAIM_RELEASED_FORCED
         old = _retire(current, "forced" if forced else "released", ts,
                       by=_opt_str(event.get("actor")) if forced else None,
                       rule=_opt_str(event.get("reason")) if forced else None)
-        new = fast.ended(current, RELEASED, ts, _keep(current, old), seq, eid)
+        new = _ended(current, RELEASED, ts, _keep(current, old), seq, eid)
     elif kind == CLAIM_COMPLETED:
-        new = fast.completed(current, COMPLETED, ts, event.get("result"), seq, eid)
+        new = _completed(current, COMPLETED, ts, event.get("result"), seq, eid)
     elif kind == CLAIM_REOPENED:
         old = _retire(current, "completed", ts)
-        new = fast.ended(current, RELEASED, ts, _keep(current, old), seq, eid)
+        new = _ended(current, RELEASED, ts, _keep(current, old), seq, eid)
     elif kind == LEASE_EXPIRED:
-        new = fast.expired(current, EXPIRED, _opt_str(event.get("reason")), ts, seq, eid)
+        new = _expired(current, EXPIRED, _opt_str(event.get("reason")), ts, seq, eid)
     elif kind == CLAIM_SUPERSEDED:
-        loser = fast.new_retired(
+        loser = _new_retired(
             _str(event["loser_token_hash"]), _int(event["loser_fence"]), _str(event["loser"]),
             "superseded", _str(event["winner"]), _str(event["rule"]), ts, None,
         )
         retired = current.retired
         if not any(r.token_hash == loser.token_hash for r in retired):
             retired = (*retired, loser)[-RETIRED_KEPT:]
-        new = fast.superseded(current, retired, seq, eid)
+        new = _superseded(current, retired, seq, eid)
     else:  # pragma: no cover - every type is handled above
         raise ValueError(f"unhandled event type {kind!r}")
     claims[task] = new
@@ -298,7 +306,7 @@ def _deadline(get: Callable[[str], Any]) -> tuple[float | None, float | None, fl
 
 def _granted(
     kind: str, event: dict[str, Any], task: str, current: Claim | None, ts: float, seq: int,
-    eid: str,
+    eid: str, memo: dict[tuple[Any, ...], Identity],
 ) -> Claim:
     retired: tuple[Retired, ...] = () if current is None else current.retired
     owner = event["owner"]
@@ -329,30 +337,42 @@ def _granted(
         raise TypeError("metadata must be an object")
     ident = get("identity")
     ttl, expires_at, boot_deadline, deadline_boot = _deadline(get)
-    return fast.new_claim(
+    return _new_claim(
         task, owner, fence, ACTIVE, phase, token_hash, ts, ts, expires_at, ttl, boot_deadline,
         deadline_boot, priority, note, metadata, None,
-        None if ident is None else _identity(ident), None, None, seq, eid, retired, None,
+        None if ident is None else _identity(ident, memo), None, None, seq, eid, retired, None,
     )
 
 
-def _identity(data: Any) -> Identity:
-    """``Identity.from_dict`` for the common exact types without its keyword call; anything
-    else (a missing member, another type) goes through ``from_dict`` and its checks."""
+def _identity(data: Any, memo: dict[tuple[Any, ...], Identity]) -> Identity:
+    """``Identity.from_dict``, shared between the grants of one owner process: the same
+    process appears on line after line, and building and checking it costs more than a lookup
+    in the state's memo. Only exact str/int members are remembered (a str equals only a str,
+    and an exact int only an int or a float, ruled out by the type test), so a malformed value
+    is still checked."""
     if type(data) is dict:
         get = data.get
-        host, machine, boot = get("host"), get("machine"), get("boot")
-        pidns, pid, start = get("pidns"), get("pid"), get("start")
-        if (type(host) is str and type(machine) is str and type(boot) is str
-                and type(pidns) is str and type(pid) is int and type(start) is int):
-            return fast.new_identity(host, machine, boot, pidns, pid, start)
+        key = (get("host"), get("machine"), get("boot"), get("pidns"), get("pid"), get("start"))
+        if type(key[4]) is int and type(key[5]) is int:
+            try:
+                found = memo.get(key)
+            except TypeError:  # an unhashable member: checked by from_dict below
+                found = None
+            if found is not None:
+                return found
+            if all(type(v) is str for v in key[:4]):
+                found = Identity.from_dict(data)
+                if len(memo) >= IDENTITY_MEMO_MAX:
+                    memo.clear()
+                memo[key] = found
+                return found
     return Identity.from_dict(_mapping(data))
 
 
 def _retire(
     claim: Claim, cause: str, ts: float, *, by: str | None = None, rule: str | None = None
 ) -> Retired:
-    return fast.new_retired(claim.token_hash, claim.fence, claim.owner, cause, by, rule, ts,
+    return _new_retired(claim.token_hash, claim.fence, claim.owner, cause, by, rule, ts,
                         claim.expires_at)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import RegistryCorrupt
-from .model import COMPLETED, GENESIS, LISTING_BASE, Claim, Key, Task, _mapping
+from .model import COMPLETED, GENESIS, LISTING_BASE, Claim, Identity, Key, Task, _mapping
 from .ports import ClaimView, TaskView
 
 
@@ -298,6 +298,10 @@ class State:
     head: str = GENESIS  # hash of the last journal line
     origin: str = ""  # this registry's identity, from its first event
     tasks: TaskView = field(default_factory=TaskTable)
+    # The owner processes apply has seen, so the grants of one process share one Identity
+    # (a memo of this state, bounded by events.IDENTITY_MEMO_MAX; not copied, not compared).
+    identities: dict[tuple[Any, ...], Identity] = field(
+        default_factory=dict, repr=False, compare=False)
 
     def copy(self) -> State:
         return State(self.claims.copy(), self.seq, self.fence, self.head, self.origin,

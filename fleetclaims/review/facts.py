@@ -236,8 +236,9 @@ def markers(events: Iterable[Event], sel: Selection | None = None) -> list[Marke
     release, supersession and reopening (in ``sel``, when given)."""
     out: list[Marker] = []
     for e in events:
-        kind = MARKER_KINDS.get(_str(e.get("type")) or "")
-        if kind and sel is not None and not sel.event(e):
+        kind = e.get("type")
+        kind = MARKER_KINDS.get(kind) if type(kind) is str else None  # the common case: None
+        if kind is None or (sel is not None and not sel.event(e)):
             continue
         task, seq, ts = _str(e.get("task")), _int(e.get("seq")), _num(e.get("ts"))
         if kind and task is not None and seq is not None and ts is not None:

@@ -69,16 +69,35 @@ def owner_colours(owners: Iterable[str]) -> dict[str, str]:
     return {o: owner_colour(o) for o in sorted(set(owners))}
 
 
-def _counts(evs: list[Event], sel: Selection, hs: list[Holding], ws: list[Wait],
-            ls: list[Loss]) -> Counts:
+def _scan(evs: list[Event], sel: Selection) -> tuple[int, set[str], int, float | None,
+                                                      float | None]:
+    """One pass over the selected events: how many, their tasks, completions, first and last
+    time."""
     n = completions = 0
     tasks: set[str] = set()
+    lo = hi = None
+    pick = None if sel.whole else sel.event
     for e in evs:
-        if sel.event(e):
-            n += 1
-            if isinstance(task := e.get("task"), str):
-                tasks.add(task)
-            completions += e.get("type") == "claim_completed"
+        if pick is not None and not pick(e):
+            continue
+        ts = e.get("ts")
+        if type(ts) is not float and type(ts) is not int:
+            continue
+        n += 1
+        if lo is None or ts < lo:
+            lo = ts
+        if hi is None or ts > hi:
+            hi = ts
+        task = e.get("task")
+        if type(task) is str:
+            tasks.add(task)
+        completions += e.get("type") == "claim_completed"
+    return n, tasks, completions, lo, hi
+
+
+def _counts(scan: tuple[int, set[str], int, float | None, float | None], sel: Selection,
+            hs: list[Holding], ws: list[Wait], ls: list[Loss]) -> Counts:
+    n, tasks, completions, _, _ = scan
     grants = [h for h in hs if (sel.since is None or h.start_ts >= sel.since)
               and (sel.until is None or h.start_ts <= sel.until)]
     owners = {h.owner for h in hs} | {o for w in ws for o in w.waiters}
@@ -107,10 +126,12 @@ def render_html(
     regs = [(t, describe(e)) for e in evs if e.get("type") in REGISTRY_TYPES
             and (t := _num(e.get("ts"))) is not None and sel.event(e)]
     ws, ls = waits(evs, sel), losses(evs, sel)
-    times = [e_ts for e in evs if sel.event(e) and (e_ts := _num(e.get("ts"))) is not None]
-    t0 = since if since is not None else min([*times, *(h.start_ts for h in hs)],
-                                             default=generated_at)
-    t1 = until if until is not None else max(times, default=t0)
+    scan = _scan(evs, sel)
+    first, last = scan[3], scan[4]
+    t0 = since if since is not None else min(
+        [*([] if first is None else [float(first)]), *(h.start_ts for h in hs)],
+        default=generated_at)
+    t1 = until if until is not None else (t0 if last is None else float(last))
     x = timeline.Scale(t0, t1)
     # Time held is counted inside the period shown (a claim still held counts up to its end).
     summary = owner_summary(evs, generated_at=generated_at, tasks=tasks, since=since,
@@ -121,7 +142,7 @@ def render_html(
     colours = owner_colours([h.owner for h in hs] + [s.owner for s in summary])
     overview = timeline.density([(h.start_ts, "granted") for h in hs]
                                 + [(m.ts, m.kind) for m in ms], x, timeline.DENS_PX)
-    counts = _counts(evs, sel, hs, ws, ls)
+    counts = _counts(scan, sel, hs, ws, ls)
     span = x.t1 - x.t0
     meta = (f"{iso(x.t0)} to {iso(x.t1)} ({duration(span)}) · {page.esc(sel.describe())} · "
             f"generated {iso(generated_at)} · times in UTC")

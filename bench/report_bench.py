@@ -3,6 +3,7 @@ for journals of N events, with optional screenshots.
 
     .venv/bin/python bench/report_bench.py                      # 200, 20,000, 1,000,000 events
     .venv/bin/python bench/report_bench.py --events 20000 --shots /tmp/report-shots
+    .venv/bin/python bench/report_bench.py --docs docs/audit-report.png   # the README's picture
 
 The journals are simulated (tests/report_synth.py: 4 owners, heartbeats every 15 s, refusals,
 hand-offs, lost leases; 20,000 tasks, or 10 tasks at 20,000 events as in issue 20): the report
@@ -78,16 +79,35 @@ def measure(n: int, exe: str | None, tmp: Path, runs: int, shots: Path | None) -
     print(line, flush=True)
 
 
+def docs_image(exe: str, tmp: Path, target: Path) -> None:
+    """The README's picture: 20,000 events on 10 tasks, the top of the page at 0.8 scale."""
+    evs = report_synth.events(20_000, tasks=10)
+    page = tmp / "docs.html"
+    page.write_text(render_html(evs, title="fleetclaims audit — 20,000 events, 10 tasks, "
+                                "4 agents", generated_at=evs[-1]["ts"]), encoding="utf-8")
+    subprocess.run([exe, *FLAGS, f"--user-data-dir={tmp / 'profile'}", "--hide-scrollbars",
+                    "--force-device-scale-factor=0.8", f"--screenshot={target.resolve()}",
+                    "--window-size=1240,1100", page.as_uri()], check=True, timeout=300,
+                   capture_output=True, stdin=subprocess.DEVNULL,
+                   env={**os.environ, "HOME": str(tmp)})
+    print(f"wrote {target} ({target.stat().st_size:,} bytes)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, nargs="+", default=[200, 20_000, 1_000_000])
     ap.add_argument("--runs", type=int, default=2, help="best of this many renders")
     ap.add_argument("--shots", type=Path, help="keep the pages and screenshots here")
+    ap.add_argument("--docs", type=Path, help="write the README's picture here and stop "
+                    "(docs/audit-report.png)")
     args = ap.parse_args()
     exe = chromium()
     if exe is None:
         print("chromium not found: sizes and build times only (apt-get install chromium)")
     with tempfile.TemporaryDirectory() as tmp:
+        if args.docs is not None and exe is not None:
+            docs_image(exe, Path(tmp), args.docs)
+            return
         for n in args.events:
             measure(n, exe, Path(tmp), args.runs, args.shots)
 

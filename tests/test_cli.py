@@ -379,6 +379,8 @@ def test_console_exit_flushes_everything_and_keeps_exit_codes(tmp_path: Path) ->
     (["audit", "verify"], False),
     (["run", "--task", "t", "--", "sleep", "1"], True),
     (["mcp", "--owner", "o"], True),
+    (["top"], True),
+    (["show", "t"], False),  # an alias is known as its command
     (["audit", "--follow"], True),
     (["events", "-f"], True),
     ([], True),

@@ -15,7 +15,7 @@ reference cycles (everything else is freed by reference counting), and its passe
 objects the imports and a listing build cost a cold ``list --json`` on 10,000 claims ~8 ms. A
 young-generation pass every 100,000 allocations instead of every 700 keeps what a large
 export leaves in cycles bounded. Commands that may run for hours (``run``, ``mcp``,
-``--follow``) keep the usual settings.
+``top``, ``--follow``) keep the usual settings.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import threading
 from typing import NoReturn
 
 # Commands that may run for hours: they keep the collector's usual settings.
-LONG_RUNNING = frozenset({"run", "mcp"})
+LONG_RUNNING = frozenset({"run", "mcp", "top"})
 
 
 def needs_collector(argv: list[str]) -> bool:

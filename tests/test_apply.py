@@ -33,20 +33,23 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, An
     clock = FakeClock(1_000.0)
     prober = FakeProber()
     reg = Registry(directory, clock=clock, prober=prober, durability="process")
-    a = reg.claim("a", owner="alice", ttl=60, note="n", metadata={"k": [1, 2]})
-    reg.renew("a", token=a.token, ttl=120)
-    reg.transition("a", token=a.token, phase="testing", ttl=90)
-    reg.release("a", token=a.token)
-    b = reg.claim("b", owner="bob", ttl=30)
-    reg.complete("b", token=b.token, result={"ok": True})
+    a = reg.claim("a", owner="alice", ttl=60, note="n", metadata={"k": [1, 2]}).token
+    assert a is not None
+    reg.renew("a", token=a, ttl=120)
+    reg.transition("a", token=a, phase="testing", ttl=90)
+    reg.release("a", token=a)
+    b = reg.claim("b", owner="bob", ttl=30).token
+    assert b is not None
+    reg.complete("b", token=b, result={"ok": True})
     reg.reopen("b", reason="flaky", actor="carol")
     c = reg.claim("c", owner="carol", ttl=10, process=False)
     reg.claim("s", owner="sam", ttl=10, process=False)
     clock.advance(20)
     reg.sweep()
     reg.claim("c", owner="dave", ttl=10, take_stale=True)
-    d = reg.claim("d", owner="erin", ttl=60)
-    reg.handoff("d", to_owner="frank", token=d.token)
+    d = reg.claim("d", owner="erin", ttl=60).token
+    assert d is not None
+    reg.handoff("d", to_owner="frank", token=d)
     reg.claim("e", owner="gina", ttl=60)
     reg.release("e", force=True, reason="stuck", actor="admin")
     del c

@@ -257,7 +257,7 @@ def test_events_paging_and_filters(registry: Registry) -> None:
     for i in range(25):
         c = registry.claim(f"t{i % 5}", owner="a")
         registry.release(c.task, token=c.token)
-    seen = []
+    seen: list[int] = []
     cursor = 0
     while True:
         page = registry.events(after=cursor, limit=7)
@@ -274,7 +274,7 @@ def test_bad_input_writes_nothing(registry: Registry) -> None:
     """Malformed ids, ttls and notes raise ValidationError and write nothing."""
     registry.claim("ok", owner="a")
     before = len(types_of(registry))
-    bad_calls = [
+    bad_calls: list[Callable[[], object]] = [
         lambda: registry.claim("", owner="a"),
         lambda: registry.claim("a b", owner="a"),
         lambda: registry.claim("t" * 201, owner="a"),
@@ -360,6 +360,7 @@ def test_claims_data_matches_claims(make_registry: Callable[[], Registry],
     a = reg.claim("a-live", owner="alice", ttl=600, note="n", metadata={"k": 1})
     reg.claim("b-parked", owner="bob", ttl=60)
     done = reg.claim("c-done", owner="carol", ttl=60)
+    assert done.token is not None and a.token is not None
     reg.complete("c-done", token=done.token, result={"ok": 1})
     gone = reg.claim("d-released", owner="dave", ttl=60)
     reg.release("d-released", token=gone.token)
@@ -376,14 +377,14 @@ def test_claims_data_matches_claims(make_registry: Callable[[], Registry],
         now = clock.now().wall
         for kwargs in ({}, {"include_expired": True, "include_completed": True,
                             "include_released": True}, {"owner": "alice"}):
-            data = fresh.claims_data(**kwargs)  # type: ignore[arg-type]
-            claims = fresh.claims(**kwargs)  # type: ignore[arg-type]
+            data = fresh.claims_data(**kwargs)
+            claims = fresh.claims(**kwargs)
             assert [d["task"] for d in data] == [c.task for c in claims], kwargs
             # (members at their empty defaults may be left out, as in the persisted form)
             empty = {"retired": [], "deadline_boot": "", "eid": ""}
             assert [{**empty, **d} for d in data] == [c.to_dict() for c in claims]
             assert len({id(d) for d in data} | {id(d) for d in fresh.claims_data(**kwargs)}) \
-                == 2 * len(data)  # type: ignore[arg-type]
+                == 2 * len(data)
             assert [_data_doc(d, now) for d in data] == [claim_doc(c, now) for c in claims]
         assert {d["task"] for d in fresh.claims_data()} == {"a-live", "b-parked", "f-other"}
         fresh.close()

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import pwd
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from fleetclaims.core.chain import token_hash
 from fleetclaims.core.errors import RegistryCorrupt
 from fleetclaims.store.file.journal import parse_line
 from fleetclaims.store.file.snapshot import SnapshotError, decode_snapshot
+from fleetclaims.store.file.store import FileStore
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +43,17 @@ anything = st.one_of(json_any, st.binary(max_size=20), st.tuples(st.integers()),
                      st.text(alphabet=st.characters(), max_size=300))
 ident = st.one_of(st.text(max_size=250), st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,20}",
                                                        fullmatch=True), anything)
+
+
+def _token(claim: fleetclaims.Claim) -> str:
+    assert claim.token is not None
+    return claim.token
+
+
+def _checkpoint(reg: fleetclaims.Registry) -> None:
+    """Write the file store's snapshot now (these tests attack the files it writes)."""
+    assert isinstance(reg.store, FileStore)
+    reg.store.checkpoint()
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +111,9 @@ def test_fuzz_round_trip_of_stored_values(reg: fleetclaims.Registry, metadata: A
     except FleetclaimsError:
         return
     try:
-        reg.complete("roundtrip", token=c.token, result=result)
+        reg.complete("roundtrip", token=_token(c), result=result)
     except FleetclaimsError:
-        reg.release("roundtrip", token=c.token)
+        reg.release("roundtrip", token=_token(c))
     fresh = fleetclaims.Registry(reg.location)
     assert fresh.get("roundtrip") is not None
     reg.reopen("roundtrip", reason="again")
@@ -116,9 +129,9 @@ def test_integers_beyond_64_bits(reg: fleetclaims.Registry, value: Any) -> None:
     with pytest.raises(fleetclaims.ValidationError):
         c = reg.claim("bigint-2", owner="fuzz", ttl=60)
         try:
-            reg.complete("bigint-2", token=c.token, result=value)
+            reg.complete("bigint-2", token=_token(c), result=value)
         finally:
-            reg.release("bigint-2", token=c.token)
+            reg.release("bigint-2", token=_token(c))
     assert reg.store.read().seq == before + 2  # the plain claim and its release only
     assert reg.verify().ok
 
@@ -206,7 +219,7 @@ def _existing(tmp_path: Path) -> Path:
     d = tmp_path / "reg"
     r = fleetclaims.Registry(d)
     r.claim("t", owner="o", ttl=600)
-    r.store.checkpoint()
+    _checkpoint(r)
     r.close()
     return d
 
@@ -227,7 +240,9 @@ def test_planted_file(tmp_path: Path, name: str, plant: str) -> None:
         os.mkfifo(target)
     else:
         os.link(victim, target)
-    for op in (lambda r: r.claims(), lambda r: r.claim("x", owner="o", ttl=60)):
+    ops: list[Callable[[fleetclaims.Registry], object]] = [
+        lambda r: r.claims(), lambda r: r.claim("x", owner="o", ttl=60)]
+    for op in ops:
         r = fleetclaims.Registry(d, lock_timeout=2)
         with pytest.raises(UnsafeRegistry):
             op(r)
@@ -321,12 +336,12 @@ def test_tokens_never_leak(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> 
     reg = fleetclaims.Registry(d)
     mine = reg.claim("secret-task", owner="agent", ttl=60, token=SECRET)
     generated = reg.claim("other-task", owner="agent", ttl=60)
-    tokens = [SECRET, generated.token]
+    tokens = [SECRET, _token(generated)]
     errors: list[str] = []
     for attempt in (
         lambda: reg.claim("secret-task", owner="thief", ttl=60, token=SECRET + "x"),
         lambda: reg.renew("other-task", token=SECRET),
-        lambda: reg.complete("secret-task", token=generated.token),
+        lambda: reg.complete("secret-task", token=_token(generated)),
         lambda: reg.release("other-task", token=SECRET + "\x00bad"),
         lambda: reg.renew("secret-task", token="short"),
         lambda: reg.handoff("other-task", token=SECRET, to_owner="x"),
@@ -339,7 +354,7 @@ def test_tokens_never_leak(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> 
     assert errors
     reg.renew("secret-task", token=mine.token)  # type: ignore[arg-type]
     # Damage the snapshot so that repair paths (quarantine, notes, logs) run too.
-    reg.store.checkpoint()
+    _checkpoint(reg)
     snap = d / "claims.json"
     snap.write_bytes(snap.read_bytes()[:-10])
     fleetclaims.Registry(d).claim("after", owner="agent", ttl=60)
@@ -358,7 +373,7 @@ def test_directory_permissions_on_creation(tmp_path: Path) -> None:
     d = tmp_path / "reg"
     r = fleetclaims.Registry(d)
     r.claim("t", owner="o", ttl=60)
-    r.store.checkpoint()
+    _checkpoint(r)
     assert (os.stat(d).st_mode & 0o777) == 0o700
     for name in ("audit.jsonl", "claims.json", "claims.lock"):
         assert (os.stat(d / name).st_mode & 0o777) == 0o600, name

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -81,16 +82,14 @@ def test_other_pid_namespace_is_unknown() -> None:
 
 def test_permission_denied_is_live(monkeypatch: pytest.MonkeyPatch) -> None:
     """A process we may not inspect (EPERM, e.g. /proc mounted with hidepid) exists: live."""
-    import fleetclaims.system as system
+    real = Path.read_bytes  # (the pathlib class fleetclaims.system reads /proc with)
 
-    real = system.Path.read_bytes
-
-    def denied(self: system.Path) -> bytes:
+    def denied(self: Path) -> bytes:
         if str(self).startswith("/proc/") and str(self).endswith("/stat"):
             raise PermissionError(1, "Operation not permitted", str(self))
         return real(self)
 
-    monkeypatch.setattr(system.Path, "read_bytes", denied)
+    monkeypatch.setattr(Path, "read_bytes", denied)
     found = probe(os.getpid())
     assert found.exists and found.denied
     verdict = SystemProber().verdict(me())

@@ -54,7 +54,8 @@ def test_tasks_added_and_changed_apart_arrive_both_ways(tmp_path: Path) -> None:
     a.close()
     assert _queue(Registry(tmp_path / "a", clock=clock, prober=FakeProber())) == _queue(b)
     # claim_next hands out from the merged queue: only-b (priority 10) first
-    assert b.claim_next(owner="w").task == "only-b"
+    nxt = b.claim_next(owner="w")
+    assert nxt is not None and nxt.task == "only-b"
 
 
 def test_the_side_that_saw_the_other_wins_without_conflict(tmp_path: Path) -> None:
@@ -163,4 +164,5 @@ def test_doctor_restores_the_queue_of_a_snapshot_ahead_of_the_journal(
     assert (ship.depends_on, ship.labels, ship.priority) == (("lint",), ("release",), 5)
     assert fixed.verify().ok
     fixed.unblock("lint")
-    assert fixed.claim_next(owner="w").task == "lint"
+    nxt = fixed.claim_next(owner="w")
+    assert nxt is not None and nxt.task == "lint"

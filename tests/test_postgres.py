@@ -13,6 +13,7 @@ import random
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,9 @@ class HostProber:
 
     def verdict(self, identity: Identity | None) -> Verdict:
         return decide_liveness(identity, self.facts, None)
+
+    def identity_of(self, pid: int) -> Identity:
+        return replace(self.identity(), pid=pid)
 
 
 def _events(reg: Registry) -> list[dict[str, Any]]:
@@ -146,9 +150,9 @@ def test_recover_after_expiry_fences_the_old_holder(pg: str) -> None:
 def test_lease_time_is_the_servers_clock(pg: str) -> None:
     """Claims are stamped with the database server's time, whatever the client's clock."""
     with Registry(pg) as reg:
-        before = reg.store.now().wall  # type: ignore[attr-defined]
+        before = reg.store.now().wall
         c = reg.claim("t", owner="a", ttl=30)
-        after = reg.store.now().wall  # type: ignore[attr-defined]
+        after = reg.store.now().wall
         assert before <= c.claimed_at <= after
         assert c.expires_at == pytest.approx(c.claimed_at + 30, abs=1e-5)
         assert c.deadline_boot == "" and c.boot_deadline is None

@@ -448,7 +448,8 @@ def test_postgres_schema_2_is_upgraded_and_knows_which_tasks_are_done(
     nxt = reg.claim_next(owner="w")  # upgrades first: "a" is known to be done
     assert nxt is not None and nxt.task == "b"
     with psycopg.connect(postgres_url, autocommit=True) as conn:
-        flags = dict(conn.execute(f"SELECT task, done FROM {schema}.tasks").fetchall())
+        flags: dict[str, bool] = dict(
+            conn.execute(f"SELECT task, done FROM {schema}.tasks").fetchall())
     assert flags == {"a": True, "b": False, "c": False}
     reg.complete("b", token=nxt.token or "")
     reg.reopen("a", reason="flaky")
@@ -456,7 +457,8 @@ def test_postgres_schema_2_is_upgraded_and_knows_which_tasks_are_done(
     reg.complete("z", token=early.token or "")
     reg.add("z")  # queued after its claim was completed: done from the start
     with psycopg.connect(postgres_url, autocommit=True) as conn:
-        flags = dict(conn.execute(f"SELECT task, done FROM {schema}.tasks").fetchall())
+        flags = dict(
+            conn.execute(f"SELECT task, done FROM {schema}.tasks").fetchall())
     assert flags == {"a": False, "b": True, "c": False, "z": True}
     assert [reg.claim_next(owner="w").task for _ in range(2)] == ["a", "c"]  # type: ignore[union-attr]
     assert reg.claim_next(owner="w") is None

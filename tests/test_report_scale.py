@@ -149,6 +149,12 @@ def test_chromium_zoom_and_filter_from_a_link(dense: list[dict[str, Any]], tmp_p
     dom = parse(done.stdout)
     lanes = [x["data-task"] for x in dom.find("lane")]
     assert lanes == sorted(t for t in {e.get("task") for e in dense} if t and "lint" in t)
+    done = run_chromium(exe, tmp_path, "--dump-dom", page.as_uri() + "#sort=group")
+    dom = parse(done.stdout)
+    lanes = [x["data-task"] for x in dom.find("lane")]
+    assert [t.split("/")[0] for t in lanes] == sorted(t.split("/")[0] for t in lanes)
+    assert "".join(dom.text).count(" tasks") >= 5  # a heading per prefix, with its size
+    assert len(dom.find("group")) == len({t.split("/")[0] for t in lanes}) == 5
 
 
 def _budget(exe: str, tmp: Path, n: int, name: str, limit_mb: float, limit_s: float,

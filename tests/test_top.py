@@ -69,8 +69,8 @@ def test_filter_keys_cycle_owners_and_labels() -> None:
     assert m.owner == "agent-a"
     lines = top.render(m, NOW, width=100, height=30)
     assert "owner=agent-a" in lines[1]
-    assert [r for r in lines if r.startswith(("build/x", "docs", "lint"))][0].startswith("build")
-    assert len([r for r in lines if r.startswith(("build/x", "docs", "lint"))]) == 1
+    rows = [r for r in lines if r.startswith(("build/x", "docs", "lint"))]
+    assert len(rows) == 1 and rows[0].startswith("build/x")
     for expected in ("agent-b", "agent-c", "agent-d", None):
         m.cycle("o")
         assert m.owner == expected
@@ -113,6 +113,19 @@ def test_watcher_follows_a_real_registry(tmp_path: Path) -> None:
     assert w.poll() is True
     (held,) = w.model.held
     assert (held.owner, held.waiters) == ("agent-b", ())
+    reg.close()
+
+
+def test_watcher_starts_near_the_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long journal is not replayed at start: only the last HISTORY events are read."""
+    monkeypatch.setattr(top, "HISTORY", 3)
+    reg = Registry(tmp_path / "reg")
+    for i in range(8):
+        reg.claim(f"t{i}", owner="agent-a", ttl=60)
+    w = top.Watcher(reg, "here")
+    w.poll()
+    assert [r[3] for r in w.model.recent] == ["t5", "t6", "t7"] and w.model.seq == 9
+    assert len(w.model.held) == 8  # the claims themselves come from the registry's state
     reg.close()
 
 

@@ -87,7 +87,7 @@ def _table(head: list[str], rows: list[str], numeric: Collection[int] = ()) -> s
 
 
 def _few(names: tuple[str, ...]) -> str:
-    return ", ".join(names) if len(names) <= 2 else f"{names[0]} +{len(names) - 1}"
+    return names[0] if len(names) == 1 else f"{names[0]} +{len(names) - 1}"
 
 
 def _secs(seconds: float, count: int) -> str:
@@ -112,7 +112,7 @@ def waited(ws: list[Wait], span: float) -> str:
             f"<p>{refused:,} refused claims on {len(ws):,} tasks; {duration(total)} waited in "
             "all, from an owner's first refusal to its grant (\u201cgave up\u201d: it was "
             "granted other work first).</p>"
-            + _table(["Task", "Waited", "Longest", "Refusals", "Who waited", "Gave up"], rows,
+            + _table(["Task", "Waited", "Longest", "Refused", "Who", "Gave up"], rows,
                      (1, 2, 3, 5)) + "</section>")
 
 
@@ -134,7 +134,7 @@ def lost(ls: list[Loss], span: float) -> str:
     rows = [f'<tr data-seq="{x.seq}"><td class="n" title="{iso(x.ts)}">'
             f'{short_time(x.ts, span)}</td><td class="t" title="{esc(x.task)}">{esc(x.task)}'
             f'</td><td class="w">{_LOSS_LABEL.get(x.kind, esc(x.kind))}</td><td class="w">'
-            f'{esc(x.lost_by)}{" → " + esc(x.by) if x.by else ""}</td><td class="t" '
+            f'{esc(x.lost_by)}{" → " + esc(x.by) if x.by else ""}</td><td class="t r" '
             f'title="{esc(x.reason or "")}">{esc(x.reason or "")}</td></tr>'
             for x in reversed(ls)]
     return (f'<section id="losses"><h2>What was lost</h2><p>{summary}. Latest first:</p>'
@@ -218,14 +218,15 @@ def document(*, title: str, meta: str, body: Iterable[str], data_json: str) -> s
 
 def controls(total: int, shown: int) -> str:
     """The timeline's controls; hidden until the script runs (they need it)."""
-    return ('<div id="controls" hidden><input id="filter" type="search" placeholder="filter tasks'
-            '" aria-label="filter tasks"><label>order <select id="sort"><option value="contention"'
-            '>most contended first</option><option value="name">by name</option><option '
-            'value="first">by first activity</option></select></label><button id="zin" '
-            'type="button">zoom in</button><button id="zout" type="button">zoom out</button>'
-            '<button id="zreset" type="button">whole period</button><span id="shown">'
-            f"showing {shown:,} of {total:,} tasks · wheel: zoom · drag: pan · double-click: "
-            "whole period</span></div>")
+    orders = {"contention": "most contended first", "name": "by name",
+              "first": "by first activity", "group": "grouped by prefix"}
+    options = "".join(f'<option value="{k}">{v}</option>' for k, v in orders.items())
+    return ('<div id="controls" hidden><input id="filter" type="search" placeholder="filter '
+            f'tasks" aria-label="filter tasks"><label>order <select id="sort">{options}'
+            '</select></label><button id="zin" type="button">zoom in</button><button id="zout" '
+            'type="button">zoom out</button><button id="zreset" type="button">whole period'
+            f'</button><span id="shown">showing {shown:,} of {total:,} tasks · wheel: zoom · '
+            "drag: pan · double-click: whole period</span></div>")
 
 
 def more_button(total: int, shown: int) -> str:

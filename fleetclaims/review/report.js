@@ -152,11 +152,28 @@
     var q = state.q.toLowerCase(), out = lanes.filter(function (L) { return !q || L.task.toLowerCase().indexOf(q) >= 0; });
     if (state.sort === 'name') out.sort(function (p, r) { return p.task < r.task ? -1 : p.task > r.task ? 1 : 0; });
     else if (state.sort === 'first') out.sort(function (p, r) { return p.first - r.first || p.i - r.i; });
+    else if (state.sort === 'group') {  // by prefix, most contended first within each
+      out.sort(function (p, r) { var g = group(p.task), h = group(r.task); return g < h ? -1 : g > h ? 1 : p.i - r.i; });
+    }
     return out;
   }
+  function group(task) { var i = task.indexOf('/'); return i > 0 ? task.slice(0, i + 1) : '(no prefix)'; }
   function draw() {
-    var x = scale(), all = picked(), shown = all.slice(0, state.limit), y0 = TOP + OH;
-    var height = y0 + LH * Math.max(1, shown.length) + 6, span = x.b - x.a, out = [], counts = [];
+    var x = scale(), all = picked(), y0 = TOP + OH;
+    all.forEach(decode);
+    if (x.a > D.t0 || x.b < D.t1) {  // zoomed in: the lanes with something in view
+      all = all.filter(function (L) {
+        return L.h.some(function (h) { return h.e >= x.a && h.s <= x.b; }) ||
+          L.m.some(function (m) { return m.t >= x.a && m.t <= x.b; });
+      });
+    }
+    var shown = all.slice(0, state.limit);
+    var sizes = {}, heads = 0, prev = null;
+    if (state.sort === 'group') {  // a heading row before each group: its prefix and size
+      all.forEach(function (L) { var g = group(L.task); sizes[g] = (sizes[g] || 0) + 1; });
+      shown.forEach(function (L) { var g = group(L.task); if (g !== prev) heads++; prev = g; });
+    }
+    var height = y0 + LH * Math.max(1, shown.length) + 20 * heads + 6, span = x.b - x.a, out = [], counts = [];
     out.push('<svg xmlns="http://www.w3.org/2000/svg" id="timeline" width="' + W + '" height="' + height +
       '" role="img" aria-label="timeline">' + defs + '<g class="axis"><text x="4" y="' + (TOP - 10) +
       '">task \\ time (UTC)</text>');
@@ -165,18 +182,26 @@
         height + '"/><text x="' + x(t).toFixed(1) + '" y="' + (TOP - 10) + '" text-anchor="middle">' + label(t, span) + '</text>');
     });
     all.forEach(function (L) {
-      decode(L);
       L.h.forEach(function (h) { count(counts, x, h.s, 0); });
       L.m.forEach(function (m) { count(counts, x, m.t, m.k); });
     });
-    out.push('</g><g class="overview"><text x="6" y="' + (TOP + 22) + '">' + (state.q ? 'matching ' : 'all ') +
+    out.push('</g><g class="overview"><text x="6" y="' + (TOP + 22) + '">' + (x.a > D.t0 || x.b < D.t1 ? 'in view: ' : state.q ? 'matching ' : 'all ') +
       all.length + ' tasks</text><text x="6" y="' + (TOP + 38) + '" class="sub">events per ' + dur(DENS / x.k) +
       '</text>' + densityBars(counts, x, TOP + OH - 6, OH - 12, 'all tasks') + '</g><g class="lanes">');
-    shown.forEach(function (L, i) {
-      var y = y0 + i * LH, short = L.task.length <= 32 ? L.task : L.task.slice(0, 31) + '\u2026';
+    var y = y0;
+    prev = null;
+    shown.forEach(function (L) {
+      var short = L.task.length <= 32 ? L.task : L.task.slice(0, 31) + '\u2026', g = group(L.task);
+      if (state.sort === 'group' && g !== prev) {
+        out.push('<g class="group"><rect y="' + y + '" width="' + W + '" height="20"/><text x="6" y="' + (y + 14) +
+          '">' + esc(g) + ' \u00b7 ' + sizes[g] + ' tasks</text></g>');
+        y += 20;
+      }
+      prev = g;
       out.push('<g class="lane" data-task="' + esc(L.task) + '"><rect class="bg" y="' + y + '" width="' + W +
         '" height="' + LH + '"/><text x="6" y="' + (y + 19) + '"><title>' + esc(L.task) + '</title>' + esc(short) +
         '</text>' + bars(L, x, y + 5) + marks(L, x, y) + '</g>');
+      y += LH;
     });
     out.push('</g>');
     D.reg.forEach(function (r) {

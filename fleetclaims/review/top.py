@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..api import Registry
 
 RECENT = 200  # events kept for the "recent" pane
+HISTORY = 5000  # events read at start: enough for the recent pane and the current waiters
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +163,8 @@ class Watcher:
     def __init__(self, reg: Registry, location: str) -> None:
         self.reg = reg
         self.model = Model(location)
-        self.cursor = 0
+        # Start near the head: a million-event journal is not replayed to draw a screen.
+        self.cursor = max(0, reg.stats().seq - HISTORY)
         self.refused: dict[str, dict[str, float]] = {}  # task -> owner -> last refusal
 
     def poll(self) -> bool:

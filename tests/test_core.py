@@ -42,6 +42,77 @@ def test_core_imports_only_the_standard_library() -> None:
         assert not foreign, f"{path.name} imports {foreign}"
 
 
+def _core_graph() -> dict[str, set[str]]:
+    """core module -> the core modules it imports (anywhere in it, functions included)."""
+    names = {p.stem for p in (PACKAGE / "core").glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in (PACKAGE / "core").glob("*.py"):
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                deps.update([node.module.split(".")[0]] if node.module
+                            else [a.name for a in node.names])
+        graph[path.stem] = deps & names - {path.stem}
+    return graph
+
+
+def test_core_has_no_import_circle() -> None:
+    """The core's modules import each other in one direction only (model <- state <- events
+    <- queue <- rules ...): no circle, not even through an import inside a function."""
+    graph = _core_graph()
+    done: set[str] = set()
+
+    def visit(node: str, path: tuple[str, ...]) -> None:
+        assert node not in path, "import circle: " + " -> ".join((*path, node))
+        if node in done:
+            return
+        for dep in sorted(graph[node]):
+            visit(dep, (*path, node))
+        done.add(node)
+
+    for name in sorted(graph):
+        visit(name, ())
+
+
+def _changed_name(node: ast.AST) -> str | None:
+    """The name a statement part changes in place (``name[k] = v``, ``name.clear()`` ...)."""
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+        target = node.value
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("clear", "update", "setdefault", "pop", "append", "add")):
+        target = node.func.value
+    else:
+        return None
+    return target.id if isinstance(target, ast.Name) else None
+
+
+def test_core_has_no_exec_and_no_module_level_cache() -> None:
+    """core/ builds nothing with exec/eval/compile, and no function run after import changes
+    a container bound at module level (a cache): memos belong to the State."""
+    for path in (PACKAGE / "core").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        calls = {n.func.id for n in ast.walk(tree)
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        assert not calls & {"exec", "eval", "compile"}, path.name
+        module_dicts = {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                        if isinstance(t, ast.Name)
+                        and isinstance(n.value, (ast.Dict, ast.List, ast.Set, ast.DictComp))}
+        functions = [f for f in ast.walk(tree)
+                     if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        # A function only module-level code calls runs once, at import (a declaration such
+        # as events._declare); one that other functions call may run on every operation.
+        called = {n.func.id for f in functions for n in ast.walk(f)
+                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        for func in functions:
+            if func.name not in called and func.name.startswith("_"):
+                continue
+            for node in ast.walk(func):
+                changed = _changed_name(node)
+                assert changed not in module_dicts, (
+                    f"{path.name}: module-level {changed} is changed in {func.name}")
+
+
 def test_only_system_touches_psutil_and_sockets() -> None:
     """psutil, socket and /proc are reached only through fleetclaims/system.py."""
     for path in PACKAGE.rglob("*.py"):

@@ -17,37 +17,24 @@ Repairs (``fix=True``) never delete data: whatever is replaced is first copied o
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
-import secrets
 import stat
-import time
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from ...core import events as ev
-from ...core.chain import envelope, seal
-from ...core.errors import AuditCorrupt, FleetclaimsError, RegistryCorrupt
-from ...core.model import Claim
+from ...core.errors import FleetclaimsError, RegistryCorrupt
 from ...core.ports import ClaimView
-from ...core.state import State
 from ...system import SystemClock
 from . import fsutil
-from .journal import apply_checked
-from .lock import RegistryLock, bump_generation_at
-from .reader import CHUNK, JournalReader, first_nul, iter_lines
-from .snapshot import TMP_PREFIX, Snapshot, SnapshotError, decode_snapshot
+from .lock import RegistryLock
+from .salvage import DOCTOR_TMP, JournalScan, recoverable, salvage, scan_journal
+from .snapshot import TMP_PREFIX, Snapshot, SnapshotError, claim_records, decode_snapshot
 from .store import JOURNAL, LOCK, SNAPSHOT, FileStore
 
 ERROR = "error"
 WARNING = "warning"
 INFO = "info"
-DOCTOR_TMP = "audit.jsonl.tmp-doctor-"
 
 
 @dataclass
@@ -91,25 +78,6 @@ class DoctorReport:
                 "findings": [f.to_dict() for f in self.findings]}
 
 
-@dataclass
-class _Journal:
-    """What one pass of the reader over the journal found (nothing of it is kept in memory but
-    the state: doctor is linear in time and memory)."""
-
-    path: Path
-    exists: bool = False
-    size: int = 0  # of the file, with its unused (zero) space
-    data_end: int = 0  # where the data ends (its first NUL byte); known when broken
-    good_end: int = 0  # end of the verified, applicable prefix
-    state: State = field(default_factory=State)
-    snap_claims: ClaimView | None = None  # the replay's claims at the snapshot's seq
-    snap_anchor: str | None = None  # hash of the verified line ending at the snapshot offset
-    break_seq: int | None = None
-    break_offset: int | None = None
-    break_reason: str | None = None
-    torn: int = 0
-
-
 def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
     """Check the registry in ``directory``; repair what can be repaired when ``fix`` is true."""
     path = Path(directory).absolute()
@@ -118,8 +86,10 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
         return report
     _check_temp_files(path, report, fix)
     _check_quarantine(path, report)
+    generation = _lock_generation(path)
     snapshot, snap_problem = _read_snapshot(path)
-    journal = _read_journal(path, snapshot)
+    journal: JournalScan | None = scan_journal(path, snapshot)
+    assert journal is not None
     needs_salvage = _check_journal(path, journal, snapshot, report)
     snap_finding = _check_snapshot(path, journal, snapshot, snap_problem, report)
     if not fix:
@@ -131,14 +101,18 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
     lock.open()
     try:
         with lock.held():
-            # Re-read under the lock: a writer may have moved on since the checks above.
-            snapshot, snap_problem = _read_snapshot(path)
-            journal = _read_journal(path, snapshot)
+            # Re-read under the lock: a writer may have moved on since the checks above. (The
+            # old copies are let go first: two need not be in memory at once.)
+            snapshot = None
+            if not _same_break(path, journal, generation, lock.generation()):
+                journal = None
+                journal = scan_journal(path, None)
             if needs_salvage:
-                _salvage(path, journal, snapshot, report)
+                salvage(path, journal, _read_snapshot(path)[0], report)
             elif snap_finding is not None and os.path.lexists(path / SNAPSHOT):
                 fsutil.quarantine_file(path, path / SNAPSHOT, f"doctor: {snap_finding.kind}",
                                        extra={"finding": snap_finding.message})
+        journal = snapshot = None  # what the store and the check below load is theirs
         # The store finishes the job: it repairs a torn tail and writes a fresh snapshot.
         store = FileStore(path, clock=SystemClock(), lock_timeout=30.0)
         try:
@@ -153,6 +127,20 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
         if finding.severity != INFO and finding.kind not in remaining:
             finding.fixed = True
     return report
+
+
+def _same_break(path: Path, journal: JournalScan, before: int, now: int) -> bool:
+    """Whether a scan from before the lock still holds: it found a break, and the journal is
+    the same file at the same generation. Its verified prefix and the break in it are then
+    unchanged (the journal is append-only; whatever cuts it back or replaces it bumps the
+    generation), and a salvage reads what follows the prefix from the file itself."""
+    if journal.break_seq is None or not journal.exists or before != now:
+        return False
+    try:
+        st = os.lstat(path / JOURNAL)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == journal.ident
 
 
 # --- checks ----------------------------------------------------------------------------------
@@ -238,58 +226,6 @@ def _check_quarantine(path: Path, report: DoctorReport) -> None:
                    "review; their .note.json says why)", INFO, files=names)
 
 
-def _read_journal(path: Path, snapshot: Snapshot | None) -> _Journal:
-    """One pass of the reader: the verified state, where the chain breaks, and what a check of
-    ``snapshot`` needs (the claims at its seq, the line at its offset), taken on the way."""
-    out = _Journal(path)
-    try:
-        fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
-    except FileNotFoundError:
-        return out
-    try:
-        out.exists = True
-        out.size = os.fstat(fd).st_size
-        _replay(fd, out, snapshot)
-    finally:
-        os.close(fd)
-    return out
-
-
-def _replay(fd: int, out: _Journal, snapshot: Snapshot | None) -> None:
-    state = out.state
-    where = str(out.path / JOURNAL)
-    snap_seq, snap_offset = (snapshot.state.seq, snapshot.offset) if snapshot else (-1, -1)
-    if snap_seq == 0:
-        out.snap_claims = state.claims.copy()
-    reader = JournalReader(fd, where)
-    broken: AuditCorrupt | None = None
-    for offset, _, event in reader.events():
-        try:
-            apply_checked(state, event, offset, where)
-        except AuditCorrupt as exc:
-            broken = exc
-            break
-        out.good_end = reader.offset
-        if state.seq == snap_seq:  # (a shallow copy: claims are immutable)
-            out.snap_claims = state.claims.copy()
-        if reader.offset == snap_offset:
-            out.snap_anchor = event["hash"]
-    if broken is None and reader.damage is not None:
-        broken = reader.corrupt()
-    if broken is not None:
-        out.break_seq, out.break_offset, out.break_reason = (broken.seq, broken.offset,
-                                                             broken.reason)
-        out.data_end = first_nul(fd, out.good_end)
-        return
-    out.torn = len(reader.torn)
-    out.data_end = reader.data_end
-    # The journal's data ends at its first NUL byte (the rest is preallocated zero space);
-    # anything but zeros after that is damage, reported where the zeros begin.
-    if reader.junk() is not None:
-        out.break_seq, out.break_offset = state.seq + 1, reader.data_end
-        out.break_reason = "data after unused (zero) space: lines lost or the file was damaged"
-
-
 def _read_snapshot(path: Path) -> tuple[Snapshot | None, str | None]:
     try:
         fd = fsutil.open_file(path / SNAPSHOT, os.O_RDONLY)
@@ -301,7 +237,11 @@ def _read_snapshot(path: Path) -> tuple[Snapshot | None, str | None]:
         os.close(fd)
     try:
         snap = decode_snapshot(data)
-        snap.state.claims.materialize()
+        del data
+        # Every entry must convert; checked one at a time and not kept (the snapshot stays
+        # lazy: its entries as read take a fraction of the memory of Claim objects).
+        for _ in claim_records(snap.state.claims):
+            pass
     except SnapshotError as exc:
         return None, str(exc)
     except RegistryCorrupt as exc:
@@ -309,7 +249,7 @@ def _read_snapshot(path: Path) -> tuple[Snapshot | None, str | None]:
     return snap, None
 
 
-def _check_journal(path: Path, journal: _Journal, snapshot: Snapshot | None,
+def _check_journal(path: Path, journal: JournalScan, snapshot: Snapshot | None,
                    report: DoctorReport) -> bool:
     """Findings about the journal; True when a salvage (rewrite) is needed."""
     if not journal.exists:
@@ -336,7 +276,7 @@ def _check_journal(path: Path, journal: _Journal, snapshot: Snapshot | None,
         report.add("torn_tail", f"the journal ends with {journal.torn} bytes of an incomplete "
                    "line (a writer died mid-append); --fix quarantines and truncates them",
                    WARNING, bytes=journal.torn)
-    recovered = _recoverable(journal, snapshot)
+    recovered = recoverable(journal, snapshot)
     if recovered is not None and recovered.seq > journal.state.seq:
         report.add("snapshot_ahead", f"the snapshot (with the journal lines that chain after it) "
                    f"reaches seq {recovered.seq} but the verified journal ends at seq "
@@ -346,31 +286,7 @@ def _check_journal(path: Path, journal: _Journal, snapshot: Snapshot | None,
     return salvage
 
 
-def _recoverable(journal: _Journal, snapshot: Snapshot | None) -> State | None:
-    """The snapshot's state carried forward by the journal lines that chain after its offset
-    (what the store itself would load), or None without a usable snapshot."""
-    if snapshot is None:
-        return None
-    state = snapshot.state.copy()
-    try:
-        fd = fsutil.open_file(journal.path / JOURNAL, os.O_RDONLY)
-    except FileNotFoundError:
-        return state
-    try:
-        offset = snapshot.offset
-        if offset > os.fstat(fd).st_size or (offset > 0 and os.pread(fd, 1, offset - 1) != b"\n"):
-            return state
-        reader = JournalReader(fd, JOURNAL, offset=offset, seq=state.seq, prev=state.head)
-        for at, _, event in reader.events():
-            apply_checked(state, event, at, JOURNAL)
-    except AuditCorrupt:
-        pass  # (an event that cannot be applied ends what can be carried forward)
-    finally:
-        os.close(fd)
-    return state
-
-
-def _check_snapshot(path: Path, journal: _Journal, snapshot: Snapshot | None,
+def _check_snapshot(path: Path, journal: JournalScan, snapshot: Snapshot | None,
                     problem: str | None, report: DoctorReport) -> Finding | None:
     if problem is not None:
         return report.add("snapshot_damaged", f"the snapshot is unreadable: {problem}; --fix "
@@ -396,165 +312,19 @@ def _check_snapshot(path: Path, journal: _Journal, snapshot: Snapshot | None,
 def _differing(actual: ClaimView, expected: ClaimView | None) -> list[str]:
     """The tasks whose claim records differ between two tables, sorted (one claim at a time:
     no second copy of the registry in memory)."""
-    tasks = set(actual.tasks())
-    if expected is not None:
-        tasks.update(expected.tasks())
     differ = []
-    for task in tasks:
-        a = actual.get(task)
-        b = expected.get(task) if expected is not None else None
-        if a is None or b is None or (a is not b and a.to_dict() != b.to_dict()):
+    seen = set()
+    for task, claim in claim_records(actual):
+        seen.add(task)
+        other = expected.get(task) if expected is not None else None
+        if other is None or claim.to_dict() != other.to_dict():
             differ.append(task)
+    if expected is not None:
+        differ.extend(task for task in expected.tasks() if task not in seen)
     return sorted(differ)
 
 
 # --- repairs ---------------------------------------------------------------------------------
-
-
-def _sealed_line(seq: int, fields: dict[str, Any], prev: str) -> bytes:
-    """One journal line for an event doctor records itself, chained after ``prev``."""
-    line, _ = seal(orjson.dumps(envelope(seq, time.time(), fields, prev)))
-    return line
-
-
-def _salvage(path: Path, journal: _Journal, snapshot: Snapshot | None,
-             report: DoctorReport) -> None:
-    """Keep the verified prefix; re-record a snapshot that is ahead; quarantine originals."""
-    fd = -1
-    if journal.exists:
-        fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
-    try:
-        _salvage_from(path, fd, journal, snapshot, report)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-
-
-def _salvage_from(path: Path, fd: int, journal: _Journal, snapshot: Snapshot | None,
-                  report: DoctorReport) -> None:
-    state = journal.state
-    extra_lines: list[bytes] = []
-    snap_name = None
-    recovered = _recoverable(journal, snapshot)
-    if recovered is not None and recovered.seq > state.seq:
-        snap_name = fsutil.quarantine_file(
-            path, path / SNAPSHOT, "doctor: snapshot ahead of the journal",
-            extra={"snapshot_seq": recovered.seq, "journal_seq": state.seq},
-        ).name
-    else:
-        recovered = None
-    original = None
-    carried: list[Claim] = []
-    fence_floor = state.fence
-    if fd >= 0:
-        original = fsutil.quarantine_copy(
-            path, JOURNAL, fd, "doctor: journal salvaged",
-            extra={"verified_seq": state.seq, "verified_bytes": journal.good_end,
-                   "lost_bytes": os.fstat(fd).st_size - journal.good_end,
-                   "lost_events": _describe(_pieces(fd, journal.good_end, whole=True)),
-                   "break": {"seq": journal.break_seq, "offset": journal.break_offset,
-                             "reason": journal.break_reason}},
-        ).name
-        carried, fence_floor, _ = _carry_forward(state, _pieces(fd, journal.good_end))
-    if snap_name is None and (carried or fence_floor > state.fence):
-        # Only the verified prefix is kept (DESIGN), but never silently: the claims that the
-        # intact lines after the break recorded are named here and in doctor's report, and the
-        # fence counter never goes back below a fence that was handed out, so a holder of a
-        # claim that was lost is fenced out by whoever claims the task next.
-        lost_claims = [{"task": c.task, "owner": c.owner, "fence": c.fence, "state": c.state}
-                       for c in carried]
-        fields = {
-            "type": ev.REGISTRY_REBUILT, "actor": "doctor",
-            "reason": f"journal broken at seq {journal.break_seq}; kept the verified prefix "
-            f"(seq {state.seq}); {len(lost_claims)} claim records after the break were not "
-            "restored (see lost_claims and the quarantined journal)",
-            "journal_quarantined": original, "fence_floor": fence_floor,
-            "claims": [], "lost_claims": lost_claims[:1000],
-        }
-        extra_lines.append(_sealed_line(state.seq + 1, fields, state.head))
-        if lost_claims:
-            shown = ", ".join(f"{c['task']} ({c['owner']}, fence {c['fence']}, {c['state']})"
-                              for c in lost_claims[:10])
-            more = "" if len(lost_claims) <= 10 else f" and {len(lost_claims) - 10} more"
-            report.add("claims_lost", f"not restored (recorded after the break; kept in the "
-                       f"quarantined journal): {shown}{more}; their holders will be told they "
-                       "no longer hold them, and new claims get higher fences", WARNING,
-                       lost=lost_claims[:1000]).fixed = True
-    if not journal.exists and recovered is None:
-        fields = {
-            "type": ev.REGISTRY_REBUILT, "actor": "doctor", "origin": secrets.token_hex(8),
-            "reason": "the journal was missing and no snapshot could restore it: a new journal "
-            "starts here; claims held before are not known to this registry", "claims": [],
-        }
-        extra_lines.append(_sealed_line(1, fields, state.head))
-    if snap_name is not None and recovered is not None:
-        claims = [Claim.to_dict(c) for c in recovered.claims.values()]
-        fields = {
-            "type": ev.REGISTRY_REBUILT, "actor": "doctor",
-            "reason": f"the snapshot (seq {recovered.seq} with the lines chained after it) was "
-            f"ahead of the verified journal (seq {state.seq}); its claims and work queue are "
-            "re-recorded",
-            "quarantined": snap_name, "journal_quarantined": original,
-            "origin": recovered.origin, "fence_floor": max(recovered.fence, fence_floor),
-            "claims": claims,
-        }
-        if len(recovered.tasks):
-            fields["tasks"] = [t.to_dict() for t in recovered.tasks.values()]
-        extra_lines.append(_sealed_line(state.seq + 1, fields, state.head))
-    tmp = path / f"{DOCTOR_TMP}{os.getpid()}-{secrets.token_hex(4)}"
-    out = fsutil.open_file(tmp, os.O_WRONLY | os.O_EXCL, create=True)
-    try:
-        for chunk in _prefix_chunks(fd, journal.good_end, extra_lines):
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(out, view) :]
-        os.fsync(out)
-    except BaseException:
-        os.close(out)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    os.close(out)
-    os.replace(tmp, path / JOURNAL)
-    fsutil.fsync_dir(path)
-    bump_generation_at(path / LOCK)  # every open handle reloads the new journal
-    if snap_name is None and os.path.lexists(path / SNAPSHOT):
-        # Anchored to the old journal (or damaged): rebuilt from the salvaged one.
-        fsutil.quarantine_file(path, path / SNAPSHOT, "doctor: journal salvaged")
-
-
-def _prefix_chunks(fd: int, end: int, extra_lines: list[bytes]) -> Iterator[bytes]:
-    """The salvaged journal: the original's bytes [0, end) (the verified prefix), a chunk at a
-    time, then doctor's own lines."""
-    pos = 0
-    while pos < end:
-        chunk = os.pread(fd, min(CHUNK, end - pos), pos)
-        if not chunk:
-            raise OSError(errno.EIO, f"the journal shrank while salvaging it (at byte {pos})")
-        pos += len(chunk)
-        yield chunk
-    yield b"".join(extra_lines)
-
-
-def _pieces(fd: int, start: int, *, whole: bool = False) -> Iterator[bytes]:
-    """The bytes after the verified prefix split at newlines, complete or not: up to the first
-    NUL byte (the end of the data), or with ``whole`` to the end of the file, zeros and
-    anything after them included (what the quarantine note describes). These bytes failed
-    verification, so they are not read as a journal (JournalReader) but as pieces to salvage."""
-    if not whole:
-        for _, line, _ in iter_lines(fd, start):
-            yield line
-        return
-    pos = start
-    pending = b""
-    while True:
-        chunk = os.pread(fd, CHUNK, pos)
-        if not chunk:
-            break
-        pos += len(chunk)
-        *lines, pending = (pending + chunk).split(b"\n")
-        yield from lines
-    yield pending
 
 
 def _lock_generation(path: Path) -> int:
@@ -566,62 +336,6 @@ def _lock_generation(path: Path) -> int:
         return lock.generation()
     finally:
         lock.close()
-
-
-def _carry_forward(state: State, lost: Iterable[bytes]) -> tuple[list[Claim], int, dict[str, Any]]:
-    """Replay the intact lines after a break onto a copy of the verified state.
-
-    Returns the claims that differ from the verified state, the highest fence seen anywhere
-    after the break, and a summary (applied count, skipped seqs). Lines that fail their own
-    hash, do not parse or cannot be applied are skipped, never guessed at."""
-    from ...core.chain import ChainError, unseal
-
-    replayed = state.copy()
-    fence = state.fence
-    applied = 0
-    skipped: list[Any] = []
-    for raw in lost:
-        if not raw:
-            continue
-        try:
-            unseal(raw)
-            event = orjson.loads(raw)
-        except (ChainError, orjson.JSONDecodeError):
-            skipped.append(None)
-            continue
-        if not isinstance(event, dict):
-            skipped.append(None)
-            continue
-        if isinstance(event.get("fence"), int) and not isinstance(event.get("fence"), bool):
-            fence = max(fence, event["fence"])
-        if isinstance(event.get("fence_floor"), int):
-            fence = max(fence, event["fence_floor"])
-        try:
-            ev.apply(replayed, event)
-            applied += 1
-        except (KeyError, TypeError, ValueError, AttributeError, FleetclaimsError):
-            skipped.append(event.get("seq"))
-    changed = [c for c in replayed.claims.values() if state.claims.get(c.task) != c]
-    return changed, fence, {"applied": applied, "skipped": skipped}
-
-
-def _describe(lines: Iterable[bytes]) -> list[dict[str, Any]]:
-    """What the lost bytes held, as far as their lines parse (for the quarantine note)."""
-    out: list[dict[str, Any]] = []
-    for line in lines:
-        if not line:
-            continue
-        try:
-            event = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            out.append({"unparseable_bytes": len(line)})
-            continue
-        if isinstance(event, dict):
-            out.append({k: event.get(k) for k in ("seq", "type", "task", "owner", "fence")})
-        if len(out) >= 1000:
-            out.append({"more": True})
-            break
-    return out
 
 
 def main_report(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:

@@ -25,7 +25,8 @@ from ...core.chain import ChainError
 from ...core.errors import AuditCorrupt
 from ...core.model import GENESIS
 from ..base import VerifyReport
-from .journal import check_event, check_link, seq_of
+from .journal import check_event, check_link, line_before, seq_of
+from .snapshot import Snapshot
 
 CHUNK = 1 << 20
 # A writer catching up reads a few lines: its first read is this small (the preallocated zeros
@@ -33,8 +34,8 @@ CHUNK = 1 << 20
 CATCH_UP_CHUNK = 4096
 
 __all__ = [
-    "CATCH_UP_CHUNK", "CHUNK", "Damage", "JournalReader", "find_offset", "first_nonzero",
-    "first_nul", "iter_lines", "verify_fd",
+    "CATCH_UP_CHUNK", "CHUNK", "Damage", "JournalReader", "events_after", "find_offset",
+    "first_nonzero", "first_nul", "iter_lines", "verify_fd",
 ]
 
 
@@ -141,6 +142,7 @@ def iter_lines(
     pos = start
     pending = b""
     pending_at = start
+    long: list[bytes] = []  # the chunks of a line longer than a chunk, joined once at its end
     want = chunk_size
     while end is None or pos < end:
         if end is not None:
@@ -154,7 +156,14 @@ def iter_lines(
             chunk = chunk[:nul]
             end = pos + nul  # stop here: the rest is unused space
         pos += len(chunk)
-        data = pending + chunk if pending else chunk
+        if pending and b"\n" not in chunk and nul < 0:
+            long.append(chunk)  # (not pending + chunk: quadratic over a line of many chunks)
+            continue
+        if long:
+            data = b"".join([pending, *long, chunk])
+            long.clear()
+        else:
+            data = pending + chunk if pending else chunk
         base = pending_at
         cut = 0
         while True:
@@ -165,6 +174,8 @@ def iter_lines(
             cut = nl + 1
         pending = data[cut:]
         pending_at = base + cut
+    if long:
+        pending = b"".join([pending, *long])
     if pending:
         yield pending_at, pending, False
 
@@ -229,15 +240,49 @@ def find_offset(fd: int, after_seq: int, lo: int, hi: int, lo_seq: int) -> int:
     return hi
 
 
+def events_after(fd: int, path: str, after: int, end: int) -> Iterator[dict[str, Any]]:
+    """The events with seq > ``after`` in the journal's bytes before ``end`` (which this process
+    has read and checked already); closes ``fd`` when done."""
+    try:
+        start = find_offset(fd, after, 0, end, 0)
+        seq, prev = 0, GENESIS
+        before = line_before(fd, start)
+        if before is not None:  # the chain goes on from the line before
+            event = orjson.loads(before[1])
+            seq, prev = event["seq"], event["hash"]
+        reader = JournalReader(fd, path, offset=start, seq=seq, prev=prev, end=end)
+        for _, _, event in reader.events():
+            yield event
+        if reader.damage is not None:  # the bytes changed since this process read them
+            raise reader.corrupt()
+    finally:
+        os.close(fd)
+
+
 def verify_fd(
     fd: int,
     path: str,
     *,
     progress: Callable[[int, int], None] | None = None,
-    anchor: tuple[int, int, str] | None = None,
+    snapshot: Snapshot | None = None,
+    snapshot_problem: str | None = None,
 ) -> VerifyReport:
-    """Check every line of a journal: hash, seq continuity and prev links; and that the snapshot
-    anchor (seq, offset, head) names a line boundary of this chain."""
+    """Check every line of a journal: hash, seq continuity and prev links; and that the
+    snapshot's anchor (seq, offset, head) names a line boundary of this chain. A snapshot that
+    could not be read (``snapshot_problem``) is reported as a failed anchor."""
+    anchor = None
+    if snapshot is not None:
+        anchor = (snapshot.state.seq, snapshot.offset, snapshot.state.head)
+    report = _verify(fd, path, progress, anchor)
+    if snapshot_problem is None:
+        return report
+    return VerifyReport(report.ok, report.events, report.bytes, report.head,
+                        report.error or f"snapshot: {snapshot_problem}", report.seq,
+                        report.offset, False, report.torn_tail)
+
+
+def _verify(fd: int, path: str, progress: Callable[[int, int], None] | None,
+            anchor: tuple[int, int, str] | None) -> VerifyReport:
     size = os.fstat(fd).st_size
     reader = JournalReader(fd, path)
     anchor_ok: bool | None = None if anchor is None else False

@@ -22,6 +22,7 @@ import orjson
 
 from ...core.errors import FleetclaimsError, RegistryCorrupt, UnsafeRegistry
 from ...core.model import DEFAULT_PHASE, LISTING_BASE, Claim
+from ...core.ports import ClaimView
 from ...core.state import ClaimTable, State, TaskTable
 from ...system import pid_exists
 from . import fsutil
@@ -254,6 +255,14 @@ def decode_snapshot(data: bytes) -> Snapshot:
     return Snapshot(state, offset, len(data))  # type: ignore[arg-type]
 
 
+def _malformed(task: str, exc: Exception) -> RegistryCorrupt:
+    return RegistryCorrupt(
+        "claims.json", f"the snapshot's record of task {task!r} is malformed ({exc})",
+        hint="Run `fleetclaims doctor --fix`: it quarantines the snapshot and rebuilds it from "
+        "the journal.",
+    )
+
+
 class SnapshotClaims(ClaimTable):
     """The claim table of a loaded snapshot. Entries are converted lazily (a cold start does not
     build every claim), so a malformed entry in a snapshot whose checksum was forged surfaces at
@@ -277,11 +286,17 @@ class SnapshotClaims(ClaimTable):
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if raw is not None:
                 self._raw[task] = raw
-            raise RegistryCorrupt(
-                "claims.json", f"the snapshot's record of task {task!r} is malformed ({exc})",
-                hint="Run `fleetclaims doctor --fix`: it quarantines the snapshot and rebuilds it "
-                "from the journal.",
-            ) from None
+            raise _malformed(task, exc) from None
+
+    def converted(self) -> Iterator[tuple[str, Claim]]:
+        """(task, Claim) for every entry, each built afresh and not kept: a check of every
+        entry (doctor) need not hold the whole registry as objects. Raises RegistryCorrupt
+        for a malformed entry, as ``get`` does."""
+        for task, raw in self.raw_items():
+            try:
+                yield task, Claim.from_dict(raw)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise _malformed(task, exc) from None
 
     def raw_items(self) -> Iterator[tuple[str, Any]]:
         identities = self._identities
@@ -309,6 +324,14 @@ class SnapshotClaims(ClaimTable):
         clone._identities = self._identities
         return clone
 
+
+
+def claim_records(table: ClaimView) -> Iterator[tuple[str, Claim]]:
+    """(task, Claim) for every entry of ``table``; a snapshot's are built afresh and not kept
+    (see SnapshotClaims.converted)."""
+    if isinstance(table, SnapshotClaims):
+        return table.converted()
+    return ((c.task, c) for c in table.values())
 
 
 # --- the files -------------------------------------------------------------------------------

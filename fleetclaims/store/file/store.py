@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from ...core import events as ev
-from ...core.chain import GENESIS, envelope, seal
+from ...core.chain import envelope, seal
 from ...core.errors import (
     AuditCorrupt,
     DurabilityError,
@@ -33,9 +33,9 @@ from ...system import Clock, current_pid, unsafe_filesystem
 from ..base import LOCAL_DIRECTORY, Capabilities, Decide, VerifyReport
 from . import fsutil
 from .faults import crash_point, osc
-from .journal import apply_checked, line_before, preallocate, write_at
+from .journal import apply_checked, preallocate, write_at
 from .lock import RegistryLock
-from .reader import CATCH_UP_CHUNK, JournalReader, find_offset, verify_fd
+from .reader import CATCH_UP_CHUNK, JournalReader, events_after, verify_fd
 from .snapshot import (
     Snapshot,
     anchor_problem,
@@ -584,24 +584,7 @@ class FileStore:
             if self._fd < 0 or after >= state.seq:
                 return iter(())
             fd = os.dup(self._fd)
-        return self._iter_from(fd, after, end)
-
-    def _iter_from(self, fd: int, after: int, end: int) -> Iterator[dict[str, Any]]:
-        path = str(self.journal_path)
-        try:
-            start = find_offset(fd, after, 0, end, 0)
-            seq, prev = 0, GENESIS
-            before = line_before(fd, start)
-            if before is not None:  # the chain goes on from the line before (read and checked
-                event = orjson.loads(before[1])  # by this process already)
-                seq, prev = event["seq"], event["hash"]
-            reader = JournalReader(fd, path, offset=start, seq=seq, prev=prev, end=end)
-            for _, _, event in reader.events():
-                yield event
-            if reader.damage is not None:  # the bytes changed since this process read them
-                raise reader.corrupt()
-        finally:
-            os.close(fd)
+        return events_after(fd, str(self.journal_path), after, end)
 
     def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
         with self._mutex:
@@ -614,16 +597,9 @@ class FileStore:
                 raise DurabilityError("opening the journal to verify it", self.location,
                                       exc) from exc
         try:
-            anchor = None
             snapshot, problem = self._read_snapshot()
-            if snapshot is not None:
-                anchor = (snapshot.state.seq, snapshot.offset, snapshot.state.head)
-            report = verify_fd(fd, str(self.journal_path), progress=progress, anchor=anchor)
-            if problem is not None:
-                return VerifyReport(report.ok, report.events, report.bytes, report.head,
-                                    report.error or f"snapshot: {problem}", report.seq,
-                                    report.offset, False, report.torn_tail)
-            return report
+            return verify_fd(fd, str(self.journal_path), progress=progress, snapshot=snapshot,
+                             snapshot_problem=problem)
         finally:
             os.close(fd)
 
@@ -642,9 +618,7 @@ class FileStore:
                 self._open_journal(create=True)
                 data = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
                 try:
-                    pos = 0
-                    while pos < len(data):
-                        pos += osc.write(self._fd, data[pos : pos + (1 << 20)])
+                    write_at(self._fd, data, 0)
                     osc.fdatasync(self._fd)
                 except OSError as exc:
                     self._fail_append(exc, 0)

@@ -1,0 +1,388 @@
+"""doctor's reading of a journal and its salvage (``fleetclaims doctor --fix``).
+
+``scan_journal`` replays the journal once through the one reader, keeping only the state (and
+what a check of the snapshot needs, taken on the way): linear in time and memory however long
+the journal is. ``salvage`` keeps the verified prefix of a broken journal, re-records a snapshot
+that is ahead of it, names what the lost bytes held, and switches to the result with one rename
+(crash-safe at every step: the original stays in place until then and is quarantined first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ...core import events as ev
+from ...core.chain import envelope, seal
+from ...core.errors import AuditCorrupt, FleetclaimsError
+from ...core.model import Claim
+from ...core.ports import ClaimView
+from ...core.state import State
+from . import fsutil
+from .journal import apply_checked
+from .lock import bump_generation_at
+from .reader import CHUNK, JournalReader, first_nul, iter_lines
+from .snapshot import Snapshot, claim_records, encode_snapshot, write_snapshot
+
+if TYPE_CHECKING:
+    from .doctor import DoctorReport
+
+JOURNAL = "audit.jsonl"
+SNAPSHOT = "claims.json"
+LOCK = "claims.lock"
+DOCTOR_TMP = "audit.jsonl.tmp-doctor-"
+WARNING = "warning"
+
+__all__ = ["DOCTOR_TMP", "JournalScan", "recoverable", "salvage", "scan_journal"]
+
+
+@dataclass
+class JournalScan:
+    """What one pass of the reader over the journal found (nothing of it is kept in memory but
+    the state: doctor is linear in time and memory)."""
+
+    path: Path
+    exists: bool = False
+    ident: tuple[int, int] = (0, 0)  # the file read (device, inode)
+    size: int = 0  # of the file, with its unused (zero) space
+    data_end: int = 0  # where the data ends (its first NUL byte); known when broken
+    good_end: int = 0  # end of the verified, applicable prefix
+    state: State = field(default_factory=State)
+    snap_claims: ClaimView | None = None  # the replay's claims at the snapshot's seq
+    snap_anchor: str | None = None  # hash of the verified line ending at the snapshot offset
+    break_seq: int | None = None
+    break_offset: int | None = None
+    break_reason: str | None = None
+    torn: int = 0
+
+
+def scan_journal(path: Path, snapshot: Snapshot | None) -> JournalScan:
+    """One pass of the reader: the verified state, where the chain breaks, and what a check of
+    ``snapshot`` needs (the claims at its seq, the line at its offset), taken on the way."""
+    out = JournalScan(path)
+    try:
+        fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
+    except FileNotFoundError:
+        return out
+    try:
+        out.exists = True
+        st = os.fstat(fd)
+        out.size, out.ident = st.st_size, (st.st_dev, st.st_ino)
+        _replay(fd, out, snapshot)
+    finally:
+        os.close(fd)
+    return out
+
+
+def _replay(fd: int, out: JournalScan, snapshot: Snapshot | None) -> None:
+    state = out.state
+    where = str(out.path / JOURNAL)
+    snap_seq, snap_offset = (snapshot.state.seq, snapshot.offset) if snapshot else (-1, -1)
+    if snap_seq == 0:
+        out.snap_claims = state.claims.copy()
+    reader = JournalReader(fd, where)
+    broken: AuditCorrupt | None = None
+    for offset, _, event in reader.events():
+        try:
+            apply_checked(state, event, offset, where)
+        except AuditCorrupt as exc:
+            broken = exc
+            break
+        out.good_end = reader.offset
+        if state.seq == snap_seq:  # (a shallow copy: claims are immutable)
+            out.snap_claims = state.claims.copy()
+        if reader.offset == snap_offset:
+            out.snap_anchor = event["hash"]
+    if broken is None and reader.damage is not None:
+        broken = reader.corrupt()
+    if broken is not None:
+        out.break_seq, out.break_offset, out.break_reason = (broken.seq, broken.offset,
+                                                             broken.reason)
+        out.data_end = first_nul(fd, out.good_end)
+        return
+    out.torn = len(reader.torn)
+    out.data_end = reader.data_end
+    # The journal's data ends at its first NUL byte (the rest is preallocated zero space);
+    # anything but zeros after that is damage, reported where the zeros begin.
+    if reader.junk() is not None:
+        out.break_seq, out.break_offset = state.seq + 1, reader.data_end
+        out.break_reason = "data after unused (zero) space: lines lost or the file was damaged"
+
+
+def recoverable(journal: JournalScan, snapshot: Snapshot | None) -> State | None:
+    """The snapshot's state carried forward by the journal lines that chain after its offset
+    (what the store itself would load), or None without a usable snapshot."""
+    if snapshot is None:
+        return None
+    state = snapshot.state.copy()
+    try:
+        fd = fsutil.open_file(journal.path / JOURNAL, os.O_RDONLY)
+    except FileNotFoundError:
+        return state
+    try:
+        offset = snapshot.offset
+        if offset > os.fstat(fd).st_size or (offset > 0 and os.pread(fd, 1, offset - 1) != b"\n"):
+            return state
+        reader = JournalReader(fd, JOURNAL, offset=offset, seq=state.seq, prev=state.head)
+        for at, _, event in reader.events():
+            apply_checked(state, event, at, JOURNAL)
+    except AuditCorrupt:
+        pass  # (an event that cannot be applied ends what can be carried forward)
+    finally:
+        os.close(fd)
+    return state
+
+
+def _sealed_line(seq: int, fields: dict[str, Any],
+                 prev: str) -> tuple[bytes, dict[str, Any]]:
+    """One journal line for an event doctor records itself, chained after ``prev``, and the
+    event it holds."""
+    event = envelope(seq, time.time(), fields, prev)
+    line, event["hash"] = seal(orjson.dumps(event))
+    return line, event
+
+
+def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
+            report: DoctorReport) -> None:
+    """Keep the verified prefix; re-record a snapshot that is ahead; quarantine originals; and
+    write the salvaged journal's snapshot (so the store need not replay it all again)."""
+    fd = -1
+    if journal.exists:
+        fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
+    try:
+        state = journal.state
+        lines: list[tuple[bytes, dict[str, Any]]] = []
+        snap_name = None
+        recovered = recoverable(journal, snapshot)
+        if recovered is not None and recovered.seq > state.seq:
+            snap_name = fsutil.quarantine_file(
+                path, path / SNAPSHOT, "doctor: snapshot ahead of the journal",
+                extra={"snapshot_seq": recovered.seq, "journal_seq": state.seq},
+            ).name
+        else:
+            recovered = None
+        original, carried, fence_floor = _quarantine_journal(path, fd, journal)
+        if snap_name is None and (carried or fence_floor > state.fence):
+            lines.append(_record_lost(journal, carried, fence_floor, original, report))
+        if not journal.exists and recovered is None:
+            fields = {
+                "type": ev.REGISTRY_REBUILT, "actor": "doctor", "origin": secrets.token_hex(8),
+                "reason": "the journal was missing and no snapshot could restore it: a new "
+                "journal starts here; claims held before are not known to this registry",
+                "claims": [],
+            }
+            lines.append(_sealed_line(1, fields, state.head))
+        if snap_name is not None and recovered is not None:
+            lines.append(_record_snapshot(journal, recovered, snap_name, original, fence_floor))
+        snapshot = recovered = None  # no longer needed: let them go before the snapshot below
+        end = _write_journal(path, fd, journal.good_end, [line for line, _ in lines])
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if snap_name is None and os.path.lexists(path / SNAPSHOT):
+        # Anchored to the old journal (or damaged): rebuilt from the salvaged one.
+        fsutil.quarantine_file(path, path / SNAPSHOT, "doctor: journal salvaged")
+    # The snapshot of the salvaged journal: the verified state plus doctor's own events. (On
+    # any failure the store, which checkpoints next, replays the journal and writes it.)
+    with contextlib.suppress(AuditCorrupt, OSError, FleetclaimsError):
+        _apply_lines(state, lines, journal.good_end)
+        write_snapshot(path, path / SNAPSHOT, encode_snapshot(state, end), sync=True)
+
+
+def _apply_lines(state: State, lines: list[tuple[bytes, dict[str, Any]]], offset: int) -> None:
+    """Apply doctor's own events to ``state``, then let them go (one can hold every claim)."""
+    for line, event in lines:
+        apply_checked(state, event, offset, JOURNAL)
+        offset += len(line)
+    lines.clear()
+
+
+def _quarantine_journal(path: Path, fd: int,
+                        journal: JournalScan) -> tuple[str | None, list[Claim], int]:
+    """Copy the original journal into quarantine, with a note of what its lost bytes held;
+    returns its name, the claims recorded after the break and the highest fence seen."""
+    state = journal.state
+    if fd < 0:
+        return None, [], state.fence
+    original = fsutil.quarantine_copy(
+        path, JOURNAL, fd, "doctor: journal salvaged",
+        extra={"verified_seq": state.seq, "verified_bytes": journal.good_end,
+               "lost_bytes": os.fstat(fd).st_size - journal.good_end,
+               "lost_events": _describe(_pieces(fd, journal.good_end, whole=True)),
+               "break": {"seq": journal.break_seq, "offset": journal.break_offset,
+                         "reason": journal.break_reason}},
+    ).name
+    carried, fence_floor, _ = _carry_forward(state, _pieces(fd, journal.good_end))
+    return original, carried, fence_floor
+
+
+def _record_lost(journal: JournalScan, carried: list[Claim], fence_floor: int,
+                 original: str | None, report: DoctorReport) -> tuple[bytes, dict[str, Any]]:
+    """Only the verified prefix is kept (DESIGN), but never silently: the claims that the
+    intact lines after the break recorded are named here and in doctor's report, and the
+    fence counter never goes back below a fence that was handed out, so a holder of a claim
+    that was lost is fenced out by whoever claims the task next."""
+    state = journal.state
+    lost_claims = [{"task": c.task, "owner": c.owner, "fence": c.fence, "state": c.state}
+                   for c in carried]
+    fields = {
+        "type": ev.REGISTRY_REBUILT, "actor": "doctor",
+        "reason": f"journal broken at seq {journal.break_seq}; kept the verified prefix "
+        f"(seq {state.seq}); {len(lost_claims)} claim records after the break were not "
+        "restored (see lost_claims and the quarantined journal)",
+        "journal_quarantined": original, "fence_floor": fence_floor,
+        "claims": [], "lost_claims": lost_claims[:1000],
+    }
+    if lost_claims:
+        shown = ", ".join(f"{c['task']} ({c['owner']}, fence {c['fence']}, {c['state']})"
+                          for c in lost_claims[:10])
+        more = "" if len(lost_claims) <= 10 else f" and {len(lost_claims) - 10} more"
+        report.add("claims_lost", f"not restored (recorded after the break; kept in the "
+                   f"quarantined journal): {shown}{more}; their holders will be told they "
+                   "no longer hold them, and new claims get higher fences", WARNING,
+                   lost=lost_claims[:1000]).fixed = True
+    return _sealed_line(state.seq + 1, fields, state.head)
+
+
+def _record_snapshot(journal: JournalScan, recovered: State, snap_name: str,
+                     original: str | None, fence_floor: int) -> tuple[bytes, dict[str, Any]]:
+    """The event re-recording the claims and work queue of a snapshot that was ahead."""
+    state = journal.state
+    fields = {
+        "type": ev.REGISTRY_REBUILT, "actor": "doctor",
+        "reason": f"the snapshot (seq {recovered.seq} with the lines chained after it) was "
+        f"ahead of the verified journal (seq {state.seq}); its claims and work queue are "
+        "re-recorded",
+        "quarantined": snap_name, "journal_quarantined": original,
+        "origin": recovered.origin, "fence_floor": max(recovered.fence, fence_floor),
+        # (each claim built afresh and let go: the recovered table stays as read)
+        "claims": sorted((c.to_dict() for _, c in claim_records(recovered.claims)),
+                         key=lambda d: str(d["task"])),
+    }
+    if len(recovered.tasks):
+        fields["tasks"] = [t.to_dict() for t in recovered.tasks.values()]
+    return _sealed_line(state.seq + 1, fields, state.head)
+
+
+def _write_journal(path: Path, fd: int, good_end: int, extra_lines: list[bytes]) -> int:
+    """Build the salvaged journal beside the original and switch with one rename; returns its
+    length."""
+    tmp = path / f"{DOCTOR_TMP}{os.getpid()}-{secrets.token_hex(4)}"
+    out = fsutil.open_file(tmp, os.O_WRONLY | os.O_EXCL, create=True)
+    size = 0
+    try:
+        for chunk in _prefix_chunks(fd, good_end, extra_lines):
+            view = memoryview(chunk)
+            size += len(view)
+            while view:
+                view = view[os.write(out, view) :]
+        os.fsync(out)
+    except BaseException:
+        os.close(out)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(out)
+    os.replace(tmp, path / JOURNAL)
+    fsutil.fsync_dir(path)
+    bump_generation_at(path / LOCK)  # every open handle reloads the new journal
+    return size
+
+
+def _prefix_chunks(fd: int, end: int, extra_lines: list[bytes]) -> Iterator[bytes]:
+    """The salvaged journal: the original's bytes [0, end) (the verified prefix), a chunk at a
+    time, then doctor's own lines."""
+    pos = 0
+    while pos < end:
+        chunk = os.pread(fd, min(CHUNK, end - pos), pos)
+        if not chunk:
+            raise OSError(errno.EIO, f"the journal shrank while salvaging it (at byte {pos})")
+        pos += len(chunk)
+        yield chunk
+    yield b"".join(extra_lines)
+
+
+def _pieces(fd: int, start: int, *, whole: bool = False) -> Iterator[bytes]:
+    """The bytes after the verified prefix split at newlines, complete or not: up to the first
+    NUL byte (the end of the data), or with ``whole`` to the end of the file, zeros and
+    anything after them included (what the quarantine note describes). These bytes failed
+    verification, so they are not read as a journal (JournalReader) but as pieces to salvage."""
+    if not whole:
+        for _, line, _ in iter_lines(fd, start):
+            yield line
+        return
+    pos = start
+    pending = b""
+    while True:
+        chunk = os.pread(fd, CHUNK, pos)
+        if not chunk:
+            break
+        pos += len(chunk)
+        *lines, pending = (pending + chunk).split(b"\n")
+        yield from lines
+    yield pending
+
+
+def _carry_forward(state: State, lost: Iterable[bytes]) -> tuple[list[Claim], int, dict[str, Any]]:
+    """Replay the intact lines after a break onto a copy of the verified state.
+
+    Returns the claims that differ from the verified state, the highest fence seen anywhere
+    after the break, and a summary (applied count, skipped seqs). Lines that fail their own
+    hash, do not parse or cannot be applied are skipped, never guessed at."""
+    from ...core.chain import ChainError, unseal
+
+    replayed = state.copy()
+    fence = state.fence
+    applied = 0
+    skipped: list[Any] = []
+    for raw in lost:
+        if not raw:
+            continue
+        try:
+            unseal(raw)
+            event = orjson.loads(raw)
+        except (ChainError, orjson.JSONDecodeError):
+            skipped.append(None)
+            continue
+        if not isinstance(event, dict):
+            skipped.append(None)
+            continue
+        if isinstance(event.get("fence"), int) and not isinstance(event.get("fence"), bool):
+            fence = max(fence, event["fence"])
+        if isinstance(event.get("fence_floor"), int):
+            fence = max(fence, event["fence_floor"])
+        try:
+            ev.apply(replayed, event)
+            applied += 1
+        except (KeyError, TypeError, ValueError, AttributeError, FleetclaimsError):
+            skipped.append(event.get("seq"))
+    changed = [c for c in replayed.claims.values() if state.claims.get(c.task) != c]
+    return changed, fence, {"applied": applied, "skipped": skipped}
+
+
+def _describe(lines: Iterable[bytes]) -> list[dict[str, Any]]:
+    """What the lost bytes held, as far as their lines parse (for the quarantine note)."""
+    out: list[dict[str, Any]] = []
+    for line in lines:
+        if not line:
+            continue
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            out.append({"unparseable_bytes": len(line)})
+            continue
+        if isinstance(event, dict):
+            out.append({k: event.get(k) for k in ("seq", "type", "task", "owner", "fence")})
+        if len(out) >= 1000:
+            out.append({"more": True})
+            break
+    return out

@@ -15,10 +15,12 @@ from typing import Any
 
 import orjson
 
+from fleetclaims import Claim, Registry
 from fleetclaims.core import events as ev
 from fleetclaims.core.state import State
 from fleetclaims.store.file.journal import apply_checked, parse_line
 from fleetclaims.store.file.reader import iter_lines
+from fleetclaims.store.file.store import FileStore
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parents[1]
@@ -26,6 +28,19 @@ LONG = os.environ.get("FLEETCLAIMS_LONG", "") not in ("", "0")
 
 # Events that record bookkeeping of the store rather than an operation of a client.
 BOOKKEEPING = frozenset({ev.REGISTRY_CREATED, ev.JOURNAL_TAIL_REPAIRED, ev.REGISTRY_REBUILT})
+
+
+def file_store(registry: Registry) -> FileStore:
+    """The file store behind ``registry``, typed, for what only it has (checkpoint, offsets)."""
+    store = registry.store
+    assert isinstance(store, FileStore), store
+    return store
+
+
+def token_of(claim: Claim) -> str:
+    """The token of a claim just granted, typed (a claim read back carries none)."""
+    assert claim.token is not None, claim
+    return claim.token
 
 
 def journal_lines(directory: Path) -> tuple[list[bytes], bytes]:

@@ -39,7 +39,7 @@ def check(events: list[dict[str, Any]]) -> OracleReport:
         assert e["seq"] == index, f"seq gap or reorder at {index}: {e['seq']}"
         assert e["prev"] == prev, f"broken chain at seq {index}"
         prev = e["hash"]
-        kind, task = e["type"], e.get("task")
+        kind, task = e["type"], e.get("task", "")
         if e.get("imported"):
             continue
         if kind in GRANTS:

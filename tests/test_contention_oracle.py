@@ -250,7 +250,8 @@ def oracle(run: Run) -> OracleStats:
         assert e["seq"] == index
         kind, task = e["type"], e.get("task")
         stats.by_type[kind] = stats.by_type.get(kind, 0) + 1
-        cur = holder.get(task) if task else None
+        # JSON as the journal holds it; `live` below says whether there is a current holder
+        cur: Any = holder.get(task) if task else None
         live = cur is not None and cur["state"] in ("active", "expired")
         if kind in GRANTS:
             stats.grants += 1

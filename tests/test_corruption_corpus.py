@@ -20,11 +20,13 @@ import pytest
 from fc_support import (
     append_raw,
     claims_view,
+    file_store,
     journal_lines,
     quarantined,
     replay,
     strip_preallocation,
     temp_files,
+    token_of,
 )
 
 import fleetclaims
@@ -56,13 +58,13 @@ class Base:
 def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
     root = tmp_path_factory.mktemp("corpus-base") / "reg"
     reg = fleetclaims.Registry(root)
-    tokens = {}
+    tokens: dict[int, str] = {}
     for i in range(4):  # 1 + 4 claims + 3 renews = 8 events, then the snapshot
-        tokens[i] = reg.claim(f"task-{i}", owner=f"agent-{i % 2}", ttl=3600,
-                              metadata={"i": i, "tags": ["a", "b"]}, note=f"note {i}").token
+        tokens[i] = token_of(reg.claim(f"task-{i}", owner=f"agent-{i % 2}", ttl=3600,
+                                       metadata={"i": i, "tags": ["a", "b"]}, note=f"note {i}"))
         if i:
             reg.renew(f"task-{i}", token=tokens[i])
-    reg.store.checkpoint()
+    file_store(reg).checkpoint()
     reg.release("task-1", token=tokens[1])
     reg.complete("task-2", token=tokens[2], result={"ok": True})
     reg.claim("task-1", owner="agent-9", ttl=3600)
@@ -300,14 +302,14 @@ def _(d: Path, b: Base) -> None:
     _write_lines(d, b.lines[:5])
 
 
-for _k, _cut in ((11, 1), (11, -10), (11, -70), (11, None), (10, 30)):
+for _k, _at in ((11, 1), (11, -10), (11, -70), (11, None), (10, 30)):
     def _make_torn(k: int, cut: int | None) -> Callable[[Path, Base], bytes]:
         def damage(d: Path, b: Base) -> bytes:
             tail = b.lines[k] if cut is None else b.lines[k][:cut]
             _journal(d).write_bytes(b"".join(x + b"\n" for x in b.lines[:k]) + tail)
             return tail
         return damage
-    CASES.append(Case(f"journal-torn-line{_k}-cut{_cut}", _make_torn(_k, _cut), ("prefix", _k)))
+    CASES.append(Case(f"journal-torn-line{_k}-cut{_at}", _make_torn(_k, _at), ("prefix", _k)))
 
 
 @case("journal-last-line-dropped-cleanly", "prefix", 11)
@@ -557,18 +559,18 @@ def test_corpus_case(case: Case, base: Base, tmp_path: Path) -> None:
             assert (exc.seq, exc.offset) == (seq, offset), str(exc)  # type: ignore[attr-defined]
         assert _journal(d).read_bytes() == damaged_journal, "the damaged journal was rewritten"
         reg = fleetclaims.Registry(d)
-        report = reg.verify()
+        verified = reg.verify()
         reg.close()
         if "rechained" in case.name:
             # The hash chain itself is intact (re-sealed by a hostile editor): `audit verify`
             # checks the chain only; the replay (store, doctor) rejects the event.
-            assert report.ok
+            assert verified.ok
             found = doctor.check(d)
             corrupt = [f for f in found.findings if f.kind == "journal_corrupt"]
             assert corrupt and corrupt[0].details["seq"] == seq, found.to_dict()
             assert corrupt[0].details["offset"] == offset
         else:
-            assert not report.ok and report.seq == seq and report.offset == offset, report
+            assert not verified.ok and verified.seq == seq and verified.offset == offset, verified
         _fix_and_check(d, base, after_fix, damaged_journal)
     elif kind == "corrupt":
         for op in (lambda: _state(d), lambda: _write(d)):
@@ -582,10 +584,10 @@ def test_corpus_case(case: Case, base: Base, tmp_path: Path) -> None:
         # The snapshot covers the damage: the registry still reads and writes exactly...
         assert _view_without(_state(d)) == _expected_view(base, "exact")
         reg = fleetclaims.Registry(d)
-        report = reg.verify()
+        verified = reg.verify()
         reg.close()
         # ... and the audit check still reports the break, by seq and offset.
-        assert not report.ok and (report.seq, report.offset) == (seq, offset), report
+        assert not verified.ok and (verified.seq, verified.offset) == (seq, offset), verified
         _fix_and_check(d, base, "exact", damaged_journal)
     elif kind == "lazy":
         # A forged checksum over a malformed claim: typed at first use, the entry kept; doctor

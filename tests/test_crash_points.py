@@ -21,6 +21,7 @@ from fc_support import (
     LONG,
     append_raw,
     claims_view,
+    file_store,
     journal_lines,
     quarantined,
     replay,
@@ -151,7 +152,7 @@ def check_after_crash(directory: Path, acks: list[dict[str, Any]], nops: int, *,
     assert claims_view(reg.store.read()) == claims_view(state)
     # 5. The next writer: works, leaves no temp files, and the audit verifies with its anchor.
     reg.claim("after-crash", owner="next-writer", ttl=60)
-    reg.store.checkpoint()
+    file_store(reg).checkpoint()
     assert temp_files(directory) == []
     report = reg.verify()
     assert report.ok and report.anchor_ok in (True, None) and report.torn_tail == 0, report

@@ -20,6 +20,7 @@ from fc_support import (
     append_raw,
     claims_view,
     events_of,
+    file_store,
     journal_lines,
     replay,
     temp_files,
@@ -89,7 +90,7 @@ def baselines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 c = reg.claim(f"base-{i}", owner="base", ttl=3600)
                 if i % 2:
                     reg.release(f"base-{i}", token=c.token)
-            reg.store.checkpoint()
+            file_store(reg).checkpoint()
             reg.close()
         if name == "torn":
             append_raw(d / "audit.jsonl", b'{"seq":99,"ts":1.0,"type":"claim_cr')
@@ -117,14 +118,17 @@ def _ops(reg: fleetclaims.Registry) -> Iterator[tuple[str, Callable[[], Any]]]:
             return c
         return run
 
+    def with_token(method: Callable[..., Any], task: str) -> Callable[[], Any]:
+        return lambda: method(task, token=tokens[task])  # the token of the claim run made
+
     for i in range(4):
         task = f"io-{i}"
         yield "claim", claim(task)
-        yield "renew", lambda task=task: reg.renew(task, token=tokens[task])
+        yield "renew", with_token(reg.renew, task)
         if i % 2:
-            yield "release", lambda task=task: reg.release(task, token=tokens[task])
+            yield "release", with_token(reg.release, task)
         else:
-            yield "complete", lambda task=task: reg.complete(task, token=tokens[task])
+            yield "complete", with_token(reg.complete, task)
 
 
 def run_case(directory: Path, call: str, nth: int, error: Any,
@@ -179,7 +183,7 @@ def run_case(directory: Path, call: str, nth: int, error: Any,
                 assert view.get(task) == data, (call, nth, task)
     # ... and works: it can write, and the next writer leaves no temp files behind.
     fresh.claim("after-fault", owner="fresh", ttl=60)
-    fresh.store.checkpoint()
+    file_store(fresh).checkpoint()
     assert temp_files(directory) == []
     report = fresh.verify()
     assert report.ok and report.anchor_ok is True, report
@@ -254,9 +258,9 @@ def test_checkpoint_failures_keep_the_operation(tmp_path: Path, baselines: dict[
     before = (directory / "claims.json").read_bytes()
     reg = fleetclaims.Registry(directory)
     faults.arm_os_fault("replace", 1, OSError(errno.EROFS, "injected"))
-    reg.store.checkpoint()
+    file_store(reg).checkpoint()
     faults.disarm()
-    assert isinstance(reg.store.last_checkpoint_error, OSError)
+    assert isinstance(file_store(reg).last_checkpoint_error, OSError)
     assert (directory / "claims.json").read_bytes() == before
     assert temp_files(directory) == []
     reg.claim("still-fine", owner="io", ttl=60)
@@ -317,7 +321,7 @@ def test_real_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         assert grown.returncode == 0, grown.stderr
         again = fleetclaims.Registry(directory)
         again.claim("after-space", owner="filler", ttl=60)
-        again.store.checkpoint()
+        file_store(again).checkpoint()
         assert again.verify().ok
         assert temp_files(directory) == []
         again.close()

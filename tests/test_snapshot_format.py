@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
-from fc_support import journal_lines, replay
+from fc_support import file_store, journal_lines, replay, token_of
 
 from fleetclaims import Registry
 from fleetclaims.cli import main
@@ -48,16 +48,16 @@ def varied_registry(path: Path) -> tuple[Registry, FakeClock, FakeProber]:
     reg.claim("no-process", owner="cli", ttl=60, process=False, note="from a shell")
     c = reg.claim("renewed", owner="a", ttl=30, priority=5, metadata={"k": [1, 2.5, None]})
     clock.advance(3)
-    reg.renew("renewed", token=c.token, ttl=90)
+    reg.renew("renewed", token=token_of(c), ttl=90)
     c = reg.claim("parked", owner="a")
-    reg.transition("parked", token=c.token, phase="review")
+    reg.transition("parked", token=token_of(c), phase="review")
     c = reg.claim("released", owner="a")
     reg.release("released", token=c.token)
     reg.release("released", token=reg.claim("released", owner="b").token)
     c = reg.claim("done", owner="b")
-    reg.complete("done", token=c.token, result={"pr": 17})
+    reg.complete("done", token=token_of(c), result={"pr": 17})
     c = reg.claim("handed", owner="a")
-    reg.handoff("handed", token=c.token, to_owner="b", note="yours")
+    reg.handoff("handed", token=token_of(c), to_owner="b", note="yours")
     reg.claim("expiring", owner="c", ttl=1)
     clock.advance(5)
     reg.sweep()
@@ -70,7 +70,7 @@ def materialized(state: State) -> dict[str, dict[str, Any]]:
 
 def test_packed_snapshot_holds_exactly_what_the_journal_says(tmp_path: Path) -> None:
     reg, _, _ = varied_registry(tmp_path / "r")
-    reg.store.checkpoint()
+    file_store(reg).checkpoint()
     data = (tmp_path / "r" / "claims.json").read_bytes()
     snap = decode_snapshot(data)
     assert orjson.loads(data)["format"] == 2
@@ -90,7 +90,7 @@ def test_packed_snapshot_holds_exactly_what_the_journal_says(tmp_path: Path) -> 
 def test_checkpoint_of_a_loaded_snapshot_rewrites_it_identically(tmp_path: Path) -> None:
     """Untouched entries are written back as read, touched ones packed again: the same."""
     reg, _, _ = varied_registry(tmp_path / "r")
-    reg.store.checkpoint()
+    file_store(reg).checkpoint()
     data = (tmp_path / "r" / "claims.json").read_bytes()
     snap = decode_snapshot(data)
     assert encode_snapshot(snap.state, snap.offset) == data
@@ -107,14 +107,14 @@ def test_unused_identities_are_dropped(tmp_path: Path) -> None:
     for pid in (10, 11, 12):
         prober.as_pid(pid)
         tokens[pid] = reg.claim(f"t{pid}", owner="a").token
-    reg.store.checkpoint()
+    file_store(reg).checkpoint()
     assert len(orjson.loads((tmp_path / "r" / "claims.json").read_bytes())["identities"]) == 3
     reg.close()
     # A fresh process loads the packed table and takes t11 over as pid 13.
     reg2 = Registry(tmp_path / "r", clock=clock, prober=prober.as_pid(13))
     reg2.release("t11", token=tokens[11])
     reg2.claim("t11", owner="b")
-    reg2.store.checkpoint()
+    file_store(reg2).checkpoint()
     data = (tmp_path / "r" / "claims.json").read_bytes()
     pids = sorted(i["pid"] for i in orjson.loads(data)["identities"])
     assert pids == [10, 12, 13]
@@ -129,9 +129,9 @@ def test_format_1_snapshot_of_an_earlier_version_still_loads(
     """An existing user's registry: its snapshot in format 1 loads with the same claims and the
     same `list --json`, passes `audit verify`, and the next checkpoint writes format 2."""
     reg, clock, prober = varied_registry(tmp_path / "r")
-    reg.store.checkpoint()
+    file_store(reg).checkpoint()
     state = reg.store.read()
-    offset = reg.store._offset
+    offset = file_store(reg)._offset
     reg.close()
     snap_path = tmp_path / "r" / "claims.json"
     packed = snap_path.read_bytes()
@@ -153,7 +153,7 @@ def test_format_1_snapshot_of_an_earlier_version_still_loads(
     assert not list((tmp_path / "r").glob("quarantine/*"))  # read, not treated as damage
 
     again = Registry(tmp_path / "r", clock=clock, prober=prober)
-    again.store.checkpoint()
+    file_store(again).checkpoint()
     rewritten = orjson.loads(snap_path.read_bytes())
     assert rewritten["format"] == 2  # format 2 again, with the packed original's content
     assert {k: v for k, v in rewritten.items() if k != "checksum"} == {

@@ -33,7 +33,7 @@ def environ(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def fc(tmp_path: Path, *args: str, cwd: Path | None = None,
+def fc(tmp_path: Path, *args: str, cwd: Path | str | None = None,
        **extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "fleetclaims", *args], capture_output=True,
                           text=True, env=environ(tmp_path, **extra), cwd=cwd, timeout=60,

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 from fc_support import journal_lines
 
-import fleetclaims
 from fleetclaims import DurabilityError, Registry
-from fleetclaims.store.file import faults
+from fleetclaims.store.file import faults, journal
 from fleetclaims.store.file.journal import PREALLOCATE
 
 pytestmark = pytest.mark.integration
@@ -40,7 +39,7 @@ def test_journal_is_preallocated_with_zeros(tmp_path: Path) -> None:
 
 def test_preallocation_grows_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """When the data reaches the end of the zero space, another chunk is added."""
-    monkeypatch.setattr(fleetclaims.store.file.journal, "PREALLOCATE", 4096)
+    monkeypatch.setattr(journal, "PREALLOCATE", 4096)
     reg = Registry(tmp_path / "r", durability="process")
     for i in range(40):
         reg.claim(f"task-{i}", owner="a")

@@ -10,22 +10,24 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from ...core import events as ev
-from ...core.chain import ChainError, check_seal
-from ...core.errors import AuditCorrupt
+from ...core.chain import ChainError, check_seal, envelope, seal
+from ...core.errors import AuditCorrupt, FleetclaimsError, ValidationError
 from ...core.state import State
 from .faults import osc
+from .lock import RegistryLock
 
 # Zero-filled space kept ahead of the journal's data (see preallocate).
 PREALLOCATE = 1 << 20
 
 __all__ = [
-    "PREALLOCATE", "apply_checked", "check_event", "check_link", "line_before", "parse_line",
-    "preallocate", "seq_of", "write_at",
+    "PREALLOCATE", "apply_checked", "check_event", "check_link", "cut_back", "line_before",
+    "parse_line", "preallocate", "seal_events", "seq_of", "undo_unsynced", "write_at",
 ]
 
 
@@ -117,6 +119,28 @@ def seq_of(line: bytes) -> int | None:
 # --- appending -------------------------------------------------------------------------------
 
 
+def seal_events(events: list[dict[str, Any]], seq: int, head: str,
+                ts: float) -> tuple[bytes, list[dict[str, Any]]]:
+    """The journal lines for ``events`` chained after line ``seq`` (whose hash is ``head``), and
+    the events as sealed (with seq, ts, prev and hash: what applying them needs)."""
+    lines: list[bytes] = []
+    sealed: list[dict[str, Any]] = []
+    for fields in events:
+        seq += 1
+        obj = envelope(seq, ts, fields, head)
+        try:
+            body = orjson.dumps(obj)
+        except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits in metadata
+            raise ValidationError(
+                "event", f"cannot be stored as JSON ({exc})", value=fields.get("type")
+            ) from None
+        line, head = seal(body)
+        obj["hash"] = head
+        lines.append(line)
+        sealed.append(obj)
+    return b"".join(lines), sealed
+
+
 def write_at(fd: int, data: bytes, start: int) -> None:
     """Write all of ``data`` at ``start``. A short write is legal (a signal, a nearly full
     disk): write the rest, so the real cause (ENOSPC) surfaces from the next call; no progress
@@ -127,6 +151,32 @@ def write_at(fd: int, data: bytes, start: int) -> None:
         if n <= 0:
             raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)")
         written += n
+
+
+def cut_back(fd: int, lock: RegistryLock, start: int, *, sync: bool) -> None:
+    """Cut the journal back to ``start``, undoing lines that were not made durable (raises
+    OSError). The generation is bumped before the fsync: the bytes are gone even if the fsync
+    fails, and other handles that read them (readers take no lock) must reload rather than
+    append past the new end."""
+    osc.ftruncate(fd, start)
+    lock.bump_generation()
+    if sync:
+        os.fsync(fd)
+
+
+def undo_unsynced(fd: int, lock: RegistryLock, start: int, end: int,
+                  covered: Callable[[], bool]) -> str:
+    """After a failed fdatasync of our lines [start, end): cut them off again, under the lock,
+    unless others appended after them (they built on them) or a snapshot covers them
+    (``covered``; it would be left ahead of the journal). Returns what that left to say."""
+    try:
+        with lock.held():
+            if os.pread(fd, 1, end) in (b"", b"\0") and not covered():
+                cut_back(fd, lock, start, sync=True)
+                return ""
+            return " (not undone: other writers appended after it or a checkpoint covers it)"
+    except (OSError, FleetclaimsError):
+        return " (and undoing it)"
 
 
 def preallocate(fd: int, alloc: int, needed: int, *, sync: bool) -> int:

@@ -14,10 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from ...core import events as ev
-from ...core.chain import envelope, seal
 from ...core.errors import (
     AuditCorrupt,
     DurabilityError,
@@ -33,11 +30,17 @@ from ...system import Clock, current_pid, unsafe_filesystem
 from ..base import LOCAL_DIRECTORY, Capabilities, Decide, VerifyReport
 from . import fsutil
 from .faults import crash_point, osc
-from .journal import apply_checked, preallocate, write_at
+from .journal import (
+    apply_checked,
+    cut_back,
+    preallocate,
+    seal_events,
+    undo_unsynced,
+    write_at,
+)
 from .lock import RegistryLock
 from .reader import CATCH_UP_CHUNK, JournalReader, events_after, verify_fd
 from .snapshot import (
-    Snapshot,
     anchor_problem,
     encode_snapshot,
     read_snapshot,
@@ -163,7 +166,10 @@ class FileStore:
     def _io_failure(self, operation: str, exc: OSError) -> DurabilityError:
         """An OS call failed outside the append (opening, reading, quarantining, creating): never
         a raw OSError for the caller, and no retry on a handle whose view may be stale."""
-        error = DurabilityError(operation, self.location, exc)
+        return self._poison(DurabilityError(operation, self.location, exc))
+
+    def _poison(self, error: DurabilityError) -> DurabilityError:
+        """Refuse further use of this handle (raising ``error`` each time) and drop its state."""
         self._poisoned = error
         self._drop_state()
         return error
@@ -237,26 +243,10 @@ class FileStore:
         try:
             osc.fdatasync(self._fd)
         except OSError as exc:
-            what = "making the journal durable"
-            try:
-                with self._lock.held():
-                    if os.pread(self._fd, 1, end) in (b"", b"\0") and (  # nobody wrote after us
-                        snapshot_seq(self.snapshot_path) <= seq_before  # nor snapshotted them
-                    ):
-                        osc.ftruncate(self._fd, start)
-                        # Bump before the fsync: the bytes are gone even if the fsync fails,
-                        # and handles that read them must not append past the new end.
-                        self._lock.bump_generation()
-                        os.fsync(self._fd)
-                    else:
-                        what += (" (not undone: other writers appended after it or a "
-                                 "checkpoint covers it)")
-            except (OSError, FleetclaimsError):
-                what += " (and undoing it)"
-            error = DurabilityError(what, str(self.journal_path), exc)
-            self._poisoned = error
-            self._drop_state()
-            raise error from exc
+            undone = undo_unsynced(self._fd, self._lock, start, end,
+                                   lambda: snapshot_seq(self.snapshot_path) > seq_before)
+            raise self._poison(DurabilityError("making the journal durable" + undone,
+                                               str(self.journal_path), exc)) from exc
 
     def read(self) -> State:
         with self._mutex:
@@ -349,7 +339,7 @@ class FileStore:
             return
         if writer and not self._swept_temps:
             self._sweep_temp_files()
-        snapshot, problem = self._read_snapshot() if snap_exists else (None, None)
+        snapshot, problem = read_snapshot(self.snapshot_path) if snap_exists else (None, None)
         if snapshot is not None:
             problem = anchor_problem(self._fd, snapshot)
             if problem is None:
@@ -376,9 +366,6 @@ class FileStore:
             self._rebuild_snapshot(problem)
         else:
             self._rebuild_owed = True
-
-    def _read_snapshot(self) -> tuple[Snapshot | None, str | None]:
-        return read_snapshot(self.snapshot_path)
 
     def _consume(self, *, writer: bool) -> None:
         """Apply complete journal lines after our offset; repair a torn tail when writing."""
@@ -431,23 +418,7 @@ class FileStore:
     def _append(self, events: list[dict[str, Any]], ts: float, *, sync: bool = True) -> None:
         state = self._state
         assert state is not None
-        seq, head = state.seq, state.head
-        lines: list[bytes] = []
-        sealed: list[dict[str, Any]] = []
-        for fields in events:
-            seq += 1
-            obj = envelope(seq, ts, fields, head)
-            try:
-                body = orjson.dumps(obj)
-            except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits in metadata
-                raise ValidationError(
-                    "event", f"cannot be stored as JSON ({exc})", value=fields.get("type")
-                ) from None
-            line, head = seal(body)
-            obj["hash"] = head
-            lines.append(line)
-            sealed.append(obj)
-        data = b"".join(lines)
+        data, sealed = seal_events(events, state.seq, state.head, ts)
         start = self._offset
         try:
             self._alloc = preallocate(self._fd, self._alloc, start + len(data), sync=self.sync)
@@ -469,24 +440,12 @@ class FileStore:
         After a failed fsync the page cache cannot be trusted to hold what we wrote, so we do not
         retry: we cut the journal back to the last acknowledged byte and stop.
         """
-        undone = True
+        what = "appending to the journal"
         try:
-            osc.ftruncate(self._fd, start)
-            # Other handles (readers take no lock) may have read the undone lines: bump at once,
-            # so they reload even if the fsync below fails.
-            self._lock.bump_generation()
-            if self.sync:
-                os.fsync(self._fd)
+            cut_back(self._fd, self._lock, start, sync=self.sync)
         except OSError:
-            undone = False
-        error = DurabilityError(
-            "appending to the journal" if undone else "appending to the journal (and undoing it)",
-            str(self.journal_path),
-            exc,
-        )
-        self._poisoned = error
-        self._drop_state()
-        raise error from exc
+            what += " (and undoing it)"
+        raise self._poison(DurabilityError(what, str(self.journal_path), exc)) from exc
 
     def _repair_tail(self, offset: int, tail: bytes) -> None:
         """A writer died mid-line: keep its bytes in quarantine, cut them off, record it."""
@@ -597,7 +556,7 @@ class FileStore:
                 raise DurabilityError("opening the journal to verify it", self.location,
                                       exc) from exc
         try:
-            snapshot, problem = self._read_snapshot()
+            snapshot, problem = read_snapshot(self.snapshot_path)
             return verify_fd(fd, str(self.journal_path), progress=progress, snapshot=snapshot,
                              snapshot_problem=problem)
         finally:

@@ -306,7 +306,7 @@ def run_chromium(exe: str, tmp: Path, *args: str) -> subprocess.CompletedProcess
         [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", f"--user-data-dir={tmp / 'profile'}", *args],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp)},
+        capture_output=True, encoding="utf-8", timeout=120, env={**os.environ, "HOME": str(tmp)},
         stdin=subprocess.DEVNULL, check=False)
 
 

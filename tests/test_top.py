@@ -217,8 +217,9 @@ def test_plain_snapshot_when_not_a_terminal(tmp_path: Path) -> None:
     reg.claim("build/x", owner="agent-a", ttl=300)
     reg.close()
     done = subprocess.run([sys.executable, "-m", "fleetclaims", "top", "--dir", str(path)],
-                          capture_output=True, text=True, timeout=60, env=_env(),
-                          stdin=subprocess.DEVNULL, check=False)
+                          capture_output=True, encoding="utf-8", timeout=60, env=_env(),
+                          stdin=subprocess.DEVNULL, check=False)  # not the locale's: tests
+    # elsewhere switch this process's locale to C
     assert done.returncode == 0, done.stderr
     assert "build/x" in done.stdout and "agent-a" in done.stdout and "1 held" in done.stdout
     assert "\x1b" not in done.stdout and "keys:" not in done.stdout
@@ -229,6 +230,6 @@ def test_top_does_not_slow_other_commands() -> None:
     code = ("import sys; from fleetclaims.cli import main; main(['--version']); "
             "print(sorted(m for m in ('termios', 'tty', 'fleetclaims.review.top') "
             "if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, encoding="utf-8",
                           timeout=60, check=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"

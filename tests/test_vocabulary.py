@@ -89,7 +89,8 @@ def test_older_cli_names_are_aliases_of_canonical_ones() -> None:
 
 def test_old_and_new_cli_names_do_the_same(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    """get/show, claims/list, claim-next/next and handoff --to-owner/--to behave alike."""
+    """get/show, claims/list, claim-next/next, tasks/claims --tasks and handoff
+    --to-owner/--to behave alike."""
     d = str(tmp_path / "r")
     reg = Registry(d)
     reg.add("q1")
@@ -109,6 +110,9 @@ def test_old_and_new_cli_names_do_the_same(tmp_path: Path,
     assert json.loads(run("show", "q1")[1])["owner"] == "a"
     listed = [c["task"] for c in json.loads(run("claims")[1])]
     assert listed == [c["task"] for c in json.loads(run("list")[1])] == ["q1", "q2"]
+    queued = run("tasks")[1]
+    assert [t["task"] for t in json.loads(queued)] == ["q1", "q2"]
+    assert queued == run("claims", "--tasks")[1] == run("list", "--tasks")[1]
     token = json.loads(run("claim", "h", "--owner", "a")[1])["token"]
     code, out = run("handoff", "h", "--token", token, "--to-owner", "b")
     assert code == 0 and json.loads(out)["owner"] == "b"

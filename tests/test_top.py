@@ -79,7 +79,7 @@ def test_filter_keys_cycle_owners_and_labels() -> None:
     rows = [r for r in top.render(m, NOW) if r.startswith(("build/x", "docs", "lint"))]
     assert [r.split()[0] for r in rows] == ["build/x"]
     m.cycle("c")
-    assert (m.owner, m.label) == (None, None)
+    assert m.owner is None and m.label is None
 
 
 def test_snapshot_is_plain_text_and_lists_everything() -> None:

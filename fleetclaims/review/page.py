@@ -225,8 +225,8 @@ def controls(total: int, shown: int) -> str:
             f'tasks" aria-label="filter tasks"><label>order <select id="sort">{options}'
             '</select></label><button id="zin" type="button">zoom in</button><button id="zout" '
             'type="button">zoom out</button><button id="zreset" type="button">whole period'
-            f'</button><span id="shown">showing {shown:,} of {total:,} tasks · wheel: zoom · '
-            "drag: pan · double-click: whole period</span></div>")
+            f'</button><span id="shown">showing {shown:,} of {total:,} tasks · wheel or + -: '
+            "zoom · drag or arrows: pan · double-click or 0: whole period</span></div>")
 
 
 def more_button(total: int, shown: int) -> str:

@@ -272,6 +272,17 @@
     var a = Math.min(Math.max(D.t0, drag.a - dt), D.t1 - span);
     if (Math.abs(a - state.a) * CW / span >= 2) { state.a = a; state.b = a + span; draw(); }
   });
+  d.addEventListener('keydown', function (ev) {  // + - 0 and the arrows, outside the filter box
+    if (ev.target && ev.target.tagName === 'INPUT') return;
+    var span = state.b - state.a, step = {ArrowLeft: -0.2, ArrowRight: 0.2}[ev.key];
+    if (ev.key === '+' || ev.key === '=') zoom(0.5);
+    else if (ev.key === '-') zoom(2);
+    else if (ev.key === '0') { state.a = D.t0; state.b = D.t1; draw(); }
+    else if (step) {
+      state.a = Math.min(Math.max(D.t0, state.a + step * span), D.t1 - span);
+      state.b = state.a + span; draw();
+    }
+  });
   chart.addEventListener('dblclick', function () { state.a = D.t0; state.b = D.t1; draw(); });
   d.getElementById('zin').addEventListener('click', function () { zoom(0.5); });
   d.getElementById('zout').addEventListener('click', function () { zoom(2); });

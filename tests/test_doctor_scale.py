@@ -13,6 +13,7 @@ from fleetclaims import Registry
 from fleetclaims.core.model import Claim
 from fleetclaims.store.file import doctor
 from fleetclaims.store.file.reader import JournalReader
+from fleetclaims.store.file.store import FileStore
 from fleetclaims.testing import FakeClock, FakeProber
 
 pytestmark = pytest.mark.integration
@@ -23,8 +24,11 @@ def _registry(path: Path, claims: int) -> None:
     the snapshot with the replay at its seq)."""
     reg = Registry(path, durability="process", clock=FakeClock(), prober=FakeProber())
     leases = [reg.claim(f"task-{i:05d}", owner=f"agent-{i % 7}") for i in range(claims)]
-    reg.store.checkpoint()  # type: ignore[attr-defined]
+    store = reg.store
+    assert isinstance(store, FileStore)
+    store.checkpoint()
     for lease in leases:
+        assert lease.token is not None
         reg.renew(lease.task, token=lease.token)
     reg.close()
 

@@ -107,18 +107,21 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
             if not _same_break(path, journal, generation, lock.generation()):
                 journal = None
                 journal = scan_journal(path, None)
+            done = False
             if needs_salvage:
-                salvage(path, journal, _read_snapshot(path)[0], report)
+                done = salvage(path, journal, _read_snapshot(path)[0], report)
             elif snap_finding is not None and os.path.lexists(path / SNAPSHOT):
                 fsutil.quarantine_file(path, path / SNAPSHOT, f"doctor: {snap_finding.kind}",
                                        extra={"finding": snap_finding.message})
         journal = snapshot = None  # what the store and the check below load is theirs
-        # The store finishes the job: it repairs a torn tail and writes a fresh snapshot.
-        store = FileStore(path, clock=SystemClock(), lock_timeout=30.0)
-        try:
-            store.checkpoint()
-        finally:
-            store.close()
+        if not done:
+            # The store finishes the job: it repairs a torn tail and writes a fresh snapshot.
+            # (A salvage wrote the snapshot of the journal it wrote.)
+            store = FileStore(path, clock=SystemClock(), lock_timeout=30.0)
+            try:
+                store.checkpoint()
+            finally:
+                store.close()
     finally:
         lock.close()
     after = check(path, fix=False)

@@ -32,15 +32,13 @@ from .journal import apply_checked
 from .lock import bump_generation_at
 from .reader import CHUNK, JournalReader, first_nul, iter_lines
 from .snapshot import Snapshot, claim_records, encode_snapshot, write_snapshot
+from .store import JOURNAL, LOCK, SNAPSHOT
 
 if TYPE_CHECKING:
     from .doctor import DoctorReport
 
-JOURNAL = "audit.jsonl"
-SNAPSHOT = "claims.json"
-LOCK = "claims.lock"
 DOCTOR_TMP = "audit.jsonl.tmp-doctor-"
-WARNING = "warning"
+WARNING = "warning"  # (doctor's severity of a finding)
 
 __all__ = ["DOCTOR_TMP", "JournalScan", "recoverable", "salvage", "scan_journal"]
 
@@ -152,9 +150,10 @@ def _sealed_line(seq: int, fields: dict[str, Any],
 
 
 def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
-            report: DoctorReport) -> None:
+            report: DoctorReport) -> bool:
     """Keep the verified prefix; re-record a snapshot that is ahead; quarantine originals; and
-    write the salvaged journal's snapshot (so the store need not replay it all again)."""
+    write the salvaged journal's snapshot (so the store need not replay it all again). Returns
+    whether that snapshot was written."""
     fd = -1
     if journal.exists:
         fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
@@ -193,9 +192,11 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
         fsutil.quarantine_file(path, path / SNAPSHOT, "doctor: journal salvaged")
     # The snapshot of the salvaged journal: the verified state plus doctor's own events. (On
     # any failure the store, which checkpoints next, replays the journal and writes it.)
-    with contextlib.suppress(AuditCorrupt, OSError, FleetclaimsError):
+    try:
         _apply_lines(state, lines, journal.good_end)
-        write_snapshot(path, path / SNAPSHOT, encode_snapshot(state, end), sync=True)
+        return write_snapshot(path, path / SNAPSHOT, encode_snapshot(state, end), sync=True)
+    except (AuditCorrupt, OSError, FleetclaimsError):
+        return False
 
 
 def _apply_lines(state: State, lines: list[tuple[bytes, dict[str, Any]]], offset: int) -> None:

@@ -109,9 +109,10 @@ def waited(ws: list[Wait], span: float) -> str:
             f'{esc(_few(w.waiters))}</td><td class="n">{w.gave_up or ""}</td></tr>'
             for w in ws]
     return ('<section id="waits"><h2>Where agents waited</h2>'
-            f"<p>{refused:,} refused claims on {len(ws):,} tasks; {duration(total)} waited in "
-            "all, from an owner's first refusal to its grant (\u201cgave up\u201d: it was "
-            "granted other work first).</p>"
+            f"<p>{refused:,} refused claims on {len(ws):,} tasks; "
+            + (f"{duration(total)} waited in all, from an owner's first refusal to its grant"
+               if any(w.waits for w in ws) else "no refused owner was granted the task after")
+            + " (\u201cgave up\u201d: granted other work first, or never).</p>"
             + _table(["Task", "Waited", "Longest", "Refused", "Who", "Gave up"], rows,
                      (1, 2, 3, 5)) + "</section>")
 

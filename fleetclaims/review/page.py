@@ -15,6 +15,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from ..core import events as ev
 from .facts import Event, Loss, OwnerSummary, Selection, Wait, duration, iso, short_time
 from .timeline import SYMBOLS
 
@@ -117,9 +118,9 @@ def waited(ws: list[Wait], span: float) -> str:
                      (1, 2, 3, 5)) + "</section>")
 
 
-_LOSS_LABEL = {"lease_expired": "lease expired", "claim_recovered": "taken over",
-               "claim_preempted": "preempted", "claim_superseded": "superseded",
-               "claim_released_forced": "force-released"}
+_LOSS_LABEL = {ev.LEASE_EXPIRED: "lease expired", ev.CLAIM_RECOVERED: "taken over",
+               ev.CLAIM_PREEMPTED: "preempted", ev.CLAIM_SUPERSEDED: "superseded",
+               ev.CLAIM_RELEASED_FORCED: "force-released"}
 
 
 def lost(ls: list[Loss], span: float) -> str:

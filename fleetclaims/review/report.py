@@ -16,6 +16,7 @@ import json
 from collections.abc import Collection, Iterable
 from typing import Any
 
+from ..core import events as ev
 from . import page, timeline
 from .facts import (
     END_TYPES,
@@ -91,7 +92,7 @@ def _scan(evs: list[Event], sel: Selection) -> tuple[int, set[str], int, float |
         task = e.get("task")
         if type(task) is str:
             tasks.add(task)
-        completions += e.get("type") == "claim_completed"
+        completions += e.get("type") == ev.CLAIM_COMPLETED
     return n, tasks, completions, lo, hi
 
 

@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from html import escape
 from typing import Any
 
+from ..core import events as ev
+from . import facts
 from .facts import Holding, Marker, duration, iso
 
 LABEL_W, CHART_W, LANE_H, OVERVIEW_H, TOP = 230, 940, 30, 54, 26
@@ -48,9 +50,9 @@ SYMBOLS: dict[str, tuple[str, str]] = {k: (label, g.replace("'", '"')) for k, la
     ("superseded", "superseded (lost a duplicate)", "<path d='M-5 0L0-5L5 0L0 5Z' fill='#fff' "
      "stroke='#555' stroke-width='2'/>"),
     ("reopened", "reopened", "<circle r='4.5' fill='#fff' stroke='#2e7d32' stroke-width='2'/>")]}
-END_TYPES = ("held", "lapsed", "claim_released", "claim_completed", "lease_expired",
-             "claim_released_forced", "claim_recovered", "claim_preempted", "claim_handed_off",
-             "claim_superseded")
+# How a holding ended, as the script's data numbers it: still open, or the ending event's type.
+END_TYPES = ("held", "lapsed", *sorted((facts.END_TYPES | facts.GRANT_TYPES
+                                        | {ev.CLAIM_SUPERSEDED}) - {ev.CLAIM_CREATED}))
 
 
 @dataclass(frozen=True, slots=True)

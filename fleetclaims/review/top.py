@@ -146,8 +146,8 @@ def render(model: Model, now: float, *, width: int = 100, height: int = 30,
               and (model.label is None or model.label in model.labels.get(r[3], ()))]
     lines += ["", st("RECENT", "1")]
     for ts, kind, _, _, text in list(recent)[-(max(1, height - len(lines) - 2) if tty else 10):]:
-        code = {"claim_rejected": "31", "lease_expired": "31", "claim_recovered": "35",
-                "claim_completed": "32"}.get(kind, "")
+        code = {ev.CLAIM_REJECTED: "31", ev.LEASE_EXPIRED: "31", ev.CLAIM_RECOVERED: "35",
+                ev.CLAIM_COMPLETED: "32"}.get(kind, "")
         lines.append(_fit(time.strftime("%H:%M:%S ", time.gmtime(ts)) + text, width)
                      if not code else time.strftime("%H:%M:%S ", time.gmtime(ts))
                      + st(_fit(text, width - 9), code))

@@ -88,6 +88,7 @@ def seqs(evs: list[dict[str, Any]], kind: str, task: str | None = None) -> list[
 
 
 def test_holdings_match_events(journal: tuple[list[dict[str, Any]], float]) -> None:
+    """One bar per grant, closed by the event that ended it, never overlapping on a lane."""
     evs, gen = journal
     hs = report.holdings(evs, generated_at=gen)
     grants = [e for e in evs if e["type"] in GRANTS]
@@ -119,6 +120,7 @@ def test_holdings_match_events(journal: tuple[list[dict[str, Any]], float]) -> N
 
 
 def test_open_and_stale_bars(journal: tuple[list[dict[str, Any]], float]) -> None:
+    """A claim still held is open to generated_at; a lapsed lease is stale from its deadline."""
     evs, gen = journal
     held = [h for h in report.holdings(evs, generated_at=gen) if h.open]
     assert [(h.task, h.end_type, h.end_ts) for h in held] == [("test", "held", gen)]
@@ -132,6 +134,7 @@ def test_open_and_stale_bars(journal: tuple[list[dict[str, Any]], float]) -> Non
 
 
 def test_superseded_closes_the_loser_only() -> None:
+    """A merge supersession ends the loser's bar and leaves the winner's."""
     base = {"ts": T0, "owner": "a", "task": "t"}
     evs = [
         {**base, "seq": 1, "type": "claim_created", "fence": 1},
@@ -147,6 +150,7 @@ def test_superseded_closes_the_loser_only() -> None:
 
 
 def test_owner_summary(journal: tuple[list[dict[str, Any]], float]) -> None:
+    """Per owner: grants, completions, takeovers, losses, refusals and time held, windowed."""
     evs, gen = journal
     rows = {s.owner: s for s in report.owner_summary(evs, generated_at=gen)}
     assert sorted(rows) == ["agent-a", "agent-b", "agent-c", "agent-d"]
@@ -207,6 +211,7 @@ def parse(html: str) -> Dom:
 
 
 def test_html_bars_and_markers(journal: tuple[list[dict[str, Any]], float]) -> None:
+    """The static page draws a bar per grant and a marker per notable event, lane per task."""
     evs, gen = journal
     dom = parse(report.render_html(evs, title="fleet audit", generated_at=gen))
     bars = dom.find("bar")
@@ -225,6 +230,7 @@ def test_html_bars_and_markers(journal: tuple[list[dict[str, Any]], float]) -> N
 
 
 def test_escaping_and_offline(journal: tuple[list[dict[str, Any]], float]) -> None:
+    """Hostile text is escaped everywhere and the page loads nothing but its own code."""
     evs, gen = journal
     title = 'audit <img src=x onerror=alert(1)> "t"'
     html = report.render_html(evs, title=title, generated_at=gen)
@@ -258,6 +264,7 @@ def test_escaping_and_offline(journal: tuple[list[dict[str, Any]], float]) -> No
 def test_window_keeps_bars_that_started_earlier(
     journal: tuple[list[dict[str, Any]], float],
 ) -> None:
+    """A --since window still draws a holding granted before it began."""
     evs, gen = journal
     since = T0 + 50  # inside agent-a's first holding of build/x
     dom = parse(report.render_html(evs, title="w", generated_at=gen, tasks=["build/x"],
@@ -271,6 +278,7 @@ def test_window_keeps_bars_that_started_earlier(
 
 
 def test_csv_round_trip(journal: tuple[list[dict[str, Any]], float]) -> None:
+    """The CSV export reads back to exactly the events, and its columns read well alone."""
     evs, _ = journal
     odd = {"seq": 999, "ts": T0, "type": "claim_released_forced", "task": "t", "owner": "o",
            "actor": "admin", "fence": None, "reason": 'line1\nline2, "q" =1+1 é', "x": [1, 2]}
@@ -288,6 +296,7 @@ def test_csv_round_trip(journal: tuple[list[dict[str, Any]], float]) -> None:
 
 
 def test_jsonl_round_trip(journal: tuple[list[dict[str, Any]], float]) -> None:
+    """The JSONL export is one event per line, exactly as recorded."""
     evs, _ = journal
     text = report.to_jsonl(evs)
     assert text.endswith("\n") and text.count("\n") == len(evs)
@@ -310,9 +319,11 @@ def run_chromium(exe: str, tmp: Path, *args: str) -> subprocess.CompletedProcess
         stdin=subprocess.DEVNULL, check=False)
 
 
+@pytest.mark.slow
 def test_chromium_renders_the_report(
     journal: tuple[list[dict[str, Any]], float], tmp_path: Path,
 ) -> None:
+    """Headless Chromium runs the page's script under its CSP and builds every bar."""
     exe = chromium()
     if exe is None:
         pytest.skip("headless Chromium not installed (apt-get install -y chromium)")

@@ -225,6 +225,24 @@ def test_plain_snapshot_when_not_a_terminal(tmp_path: Path) -> None:
     assert "\x1b" not in done.stdout and "keys:" not in done.stdout
 
 
+def test_json_snapshot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`top --json` is the same view as one JSON document."""
+    import json
+
+    from fleetclaims.cli import main
+
+    reg = Registry(tmp_path / "reg")
+    reg.claim("build/x", owner="agent-a", ttl=300)
+    with pytest.raises(ClaimConflict):
+        reg.claim("build/x", owner="agent-b", ttl=300)
+    reg.close()
+    assert main(["--dir", str(tmp_path / "reg"), "top", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(h["task"], h["owner"], h["waiters"]) for h in doc["held"]] == [
+        ("build/x", "agent-a", ["agent-b"])]
+    assert doc["seq"] == 3 and doc["recent"][-1]["type"] == "claim_rejected"
+
+
 def test_top_does_not_slow_other_commands() -> None:
     """The live view's terminal modules are imported by `top` alone."""
     code = ("import sys; from fleetclaims.cli import main; main(['--version']); "

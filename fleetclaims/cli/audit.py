@@ -62,9 +62,12 @@ def add_parsers(add: AddParser) -> None:
 
 
 def cmd_top(args: argparse.Namespace, out: Out) -> int:
-    from ..review.top import run  # terminal handling is imported by this command only
+    from ..review.top import document, run  # terminal handling is imported by top only
 
     reg = registry(args)
+    if out.json:
+        out.doc(document(reg, str(reg.location)))
+        return EXIT_OK
     return run(reg, str(reg.location), owner=args.owner, label=args.label, once=args.once)
 
 

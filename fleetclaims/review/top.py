@@ -206,6 +206,20 @@ class Watcher:
             for c in self.reg.claims(include_expired=True)]
 
 
+def document(reg: Registry, location: str) -> dict[str, Any]:
+    """``top --json``: the same view as one JSON document (held tasks, recent events)."""
+    watcher = Watcher(reg, location)
+    watcher.poll()
+    m = watcher.model
+    return {"location": location, "seq": m.seq,
+            "held": [{"task": h.task, "owner": h.owner, "phase": h.phase,
+                      "claimed_at": h.claimed_at, "expires_at": h.expires_at, "ttl": h.ttl,
+                      "stale": h.stale, "labels": list(h.labels), "waiters": list(h.waiters)}
+                     for h in m.held],
+            "recent": [{"ts": ts, "type": kind, "owner": owner or None, "task": task or None,
+                        "text": text} for ts, kind, owner, task, text in m.recent]}
+
+
 def snapshot(watcher: Watcher, now: float, write: Callable[[str], Any], width: int,
              colour: bool) -> None:
     """The plain-text fallback: one snapshot, no cursor movement."""

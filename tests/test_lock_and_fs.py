@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,12 @@ print("DONE", flush=True)
 """
 
 
+#: the registry directory and the holder process, stopped inside the lock
+FrozenHolder = tuple[Path, "subprocess.Popen[str]"]
+
+
 @pytest.fixture
-def frozen_holder(tmp_path: Path):  # type: ignore[no-untyped-def]
+def frozen_holder(tmp_path: Path) -> Iterator[FrozenHolder]:
     directory = tmp_path / "reg"
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(directory)],
                             stdout=subprocess.PIPE, text=True)
@@ -60,7 +65,7 @@ def frozen_holder(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.timeout(60)
-def test_frozen_holder_gives_registry_busy_naming_it(frozen_holder) -> None:  # type: ignore[no-untyped-def]
+def test_frozen_holder_gives_registry_busy_naming_it(frozen_holder: FrozenHolder) -> None:
     """SIGSTOPped inside the lock: a waiter gets RegistryBusy after its timeout, naming the pid."""
     directory, proc = frozen_holder
     reg = fleetclaims.Registry(directory, lock_timeout=0.6)
@@ -77,7 +82,7 @@ def test_frozen_holder_gives_registry_busy_naming_it(frozen_holder) -> None:  # 
 
 
 @pytest.mark.timeout(60)
-def test_frozen_holder_busy_from_a_thread_too(frozen_holder) -> None:  # type: ignore[no-untyped-def]
+def test_frozen_holder_busy_from_a_thread_too(frozen_holder: FrozenHolder) -> None:
     """Off the main thread the lock polls; the timeout and the message are the same."""
     directory, proc = frozen_holder
     out: list[BaseException] = []
@@ -98,7 +103,7 @@ def test_frozen_holder_busy_from_a_thread_too(frozen_holder) -> None:  # type: i
 
 
 @pytest.mark.timeout(60)
-def test_killed_holder_frees_the_lock_at_once(frozen_holder) -> None:  # type: ignore[no-untyped-def]
+def test_killed_holder_frees_the_lock_at_once(frozen_holder: FrozenHolder) -> None:
     """SIGKILL of the frozen holder: a waiter with a long timeout proceeds immediately."""
     directory, proc = frozen_holder
     reg = fleetclaims.Registry(directory, lock_timeout=30)
@@ -124,7 +129,7 @@ def test_killed_holder_frees_the_lock_at_once(frozen_holder) -> None:  # type: i
 
 
 @pytest.mark.timeout(60)
-def test_killed_holder_main_thread_waiter(frozen_holder) -> None:  # type: ignore[no-untyped-def]
+def test_killed_holder_main_thread_waiter(frozen_holder: FrozenHolder) -> None:
     """The main-thread (blocking flock) waiter is woken by the holder's death, not its timeout."""
     directory, proc = frozen_holder
     timer = threading.Timer(0.3, os.kill, (proc.pid, signal.SIGKILL))

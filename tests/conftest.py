@@ -1,4 +1,5 @@
-"""Shared fixtures: a fake clock and prober, and a registry on every store backend."""
+"""Shared fixtures: a fake clock and prober, and a registry on every store backend; and the
+check that every test carries a speed class (unit, integration or slow)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,51 @@ from fleetclaims import Registry
 from fleetclaims.store.memory import MemoryStore
 from fleetclaims.testing import FakeClock, FakeProber
 
+# pytester: tests/test_speed_classes.py collects small test modules of its own
+pytest_plugins = ["pytester"]
+
 STORES = ["file", "memory", "postgres"]
+
+#: the speed classes, fastest first; `-m "not slow"` is the fast subset
+SPEED_CLASSES = ("unit", "integration", "slow")
+
+
+def speed_class_problem(item: pytest.Item) -> str | None:
+    """What is wrong with ``item``'s speed class, or None when it has exactly one.
+
+    A module (or class) names the class of most of its tests with ``pytestmark``; a test of it
+    that takes longer says ``@pytest.mark.slow`` itself, and then it is slow. Nothing else may
+    combine: a test marked both unit and integration, or a test in a slow module marked faster,
+    would run in a subset it does not belong to.
+    """
+    own = {m.name for m in item.own_markers if m.name in SPEED_CLASSES}
+    inherited = {m.name for m in item.iter_markers() if m.name in SPEED_CLASSES} - own
+    classes = own | inherited
+    if not classes:
+        return "no speed class"
+    if len(own) > 1 or len(inherited) > 1:
+        return "several speed classes: " + ", ".join(sorted(classes))
+    if own and inherited and own != {"slow"}:
+        return f"{own.pop()} inside a {inherited.pop()} module: only slow may override"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects anything: every collected test is checked
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Refuse to run when a test has no speed class, so no new test escapes the fast/slow split."""
+    problems: dict[str, list[str]] = {}
+    for item in items:
+        problem = speed_class_problem(item)
+        if problem is not None:
+            problems.setdefault(problem, []).append(item.nodeid)
+    if problems:
+        lines = [f"  {problem}: {len(ids)} test(s), e.g. {', '.join(ids[:3])}"
+                 for problem, ids in sorted(problems.items())]
+        raise pytest.UsageError(
+            "every test needs exactly one speed class: put `pytestmark = pytest.mark.unit` "
+            "(or integration, or slow) at the top of its module, and `@pytest.mark.slow` on a "
+            "test that takes longer than its module's class (see pyproject.toml's markers):\n"
+            + "\n".join(lines))
 
 
 @pytest.fixture(autouse=True)

@@ -32,6 +32,7 @@ CHUNK = 1 << 20
 # A writer catching up reads a few lines: its first read is this small (the preallocated zeros
 # after the data cost a copy too), then reads grow to CHUNK for long replays.
 CATCH_UP_CHUNK = 4096
+_RAW, _LINKS, _EVENTS = 0, 1, 2  # what JournalReader._scan does with each line
 
 __all__ = [
     "CATCH_UP_CHUNK", "CHUNK", "Damage", "JournalReader", "events_after", "find_offset",
@@ -54,9 +55,10 @@ class JournalReader:
 
     Iterate ``events()`` (each line parsed) or ``links()`` (byte checks only, for verify). The
     reader's ``offset``, ``seq`` and ``prev`` always describe the end of the last verified line
-    yielded; when iteration stops, ``damage`` holds the first bad line (AuditCorrupt with seq
-    and offset) or ``torn`` the bytes of an incomplete last line (at ``offset``). A reader can
-    be iterated again to read on from where it stopped (a writer may have appended meanwhile).
+    yielded; when iteration stops, ``damage`` holds the first bad line (its seq and offset, and
+    why; ``corrupt()`` makes it an AuditCorrupt) or ``torn`` the bytes of an incomplete last
+    line (at ``offset``). A reader can be iterated again to read on from where it stopped (a
+    writer may have appended meanwhile): set ``offset``, ``seq`` and ``prev`` to start elsewhere.
     """
 
     __slots__ = ("chunk_size", "damage", "end", "fd", "offset", "path", "prev", "seq", "torn")
@@ -75,39 +77,78 @@ class JournalReader:
 
     def events(self) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
         """(offset, line without newline, event) for each verified line."""
-        return self._scan(True)
+        return self._scan(_EVENTS)
 
     def links(self) -> Iterator[tuple[int, bytes, str]]:
         """(offset, line without newline, its hash) for each verified line, not parsed: only a
         line that fails the cheap byte checks is parsed (for the message)."""
-        return self._scan(False)
+        return self._scan(_LINKS)
 
-    def _scan(self, parse: bool) -> Iterator[Any]:
+    def _scan(self, mode: int) -> Iterator[Any]:
+        # One loop splits and checks (a second generator under it would cost every line of the
+        # hot path a resumption). Reads start at chunk_size and grow to CHUNK.
         self.torn = b""
         self.damage = None
-        seq, prev = self.seq, self.prev
-        for offset, line, complete in iter_lines(self.fd, self.offset, self.end,
-                                                 chunk_size=self.chunk_size):
-            if not complete:
-                self.torn = line
-                return
-            seq += 1
-            item: Any
-            try:
-                if parse:
-                    item = check_event(line, seq, prev)
-                    prev = item["hash"]
-                else:
-                    item = prev = check_link(line, seq, prev)
-            except (ChainError, orjson.JSONDecodeError) as exc:
-                self.damage = Damage(seq, offset, str(exc))
-                return
-            # Before the yield: a caller that stops early (or whose apply fails) sees the
-            # reader at the end of the last line it was given.
-            self.seq = seq
-            self.prev = prev
-            self.offset = offset + len(line) + 1
-            yield offset, line, item
+        fd, end, seq, prev = self.fd, self.end, self.seq, self.prev
+        pos = pending_at = self.offset
+        pending = b""
+        long: list[bytes] = []  # the chunks of a line longer than a chunk, joined at its end
+        want = self.chunk_size
+        while end is None or pos < end:
+            if end is not None:
+                want = min(want, end - pos)
+            chunk = os.pread(fd, want, pos)
+            want = min(want * 8, CHUNK)
+            if not chunk:
+                break
+            nul = chunk.find(b"\0")
+            if nul >= 0:
+                chunk = chunk[:nul]
+                end = pos + nul  # stop here: the rest is unused space
+            pos += len(chunk)
+            if pending and nul < 0 and b"\n" not in chunk:
+                long.append(chunk)  # (not pending + chunk: quadratic over a long line)
+                continue
+            if long:
+                data = b"".join([pending, *long, chunk])
+                long.clear()
+            else:
+                data = pending + chunk if pending else chunk
+            base = pending_at
+            cut = 0
+            while (nl := data.find(b"\n", cut)) >= 0:
+                offset = base + cut
+                line = data[cut:nl]
+                cut = nl + 1
+                if mode == _RAW:
+                    yield offset, line, True
+                    continue
+                seq += 1
+                item: Any
+                try:
+                    if mode == _EVENTS:
+                        item = check_event(line, seq, prev)
+                        prev = item["hash"]
+                    else:
+                        item = prev = check_link(line, seq, prev)
+                except (ChainError, orjson.JSONDecodeError) as exc:
+                    self.damage = Damage(seq, offset, str(exc))
+                    return
+                # Before the yield: a caller that stops early (or whose apply fails) sees the
+                # reader at the end of the last line it was given.
+                self.seq = seq
+                self.prev = prev
+                self.offset = base + cut
+                yield offset, line, item
+            pending = data[cut:]
+            pending_at = base + cut
+        if long:
+            pending = b"".join([pending, *long])
+        if pending:
+            if mode == _RAW:
+                yield pending_at, pending, False
+            else:
+                self.torn = pending
 
     @property
     def data_end(self) -> int:
@@ -137,47 +178,11 @@ def iter_lines(
     fd: int, start: int, end: int | None = None, *, chunk_size: int = CHUNK
 ) -> Iterator[tuple[int, bytes, bool]]:
     """(offset, line without newline, complete) for each line from ``start`` (to ``end``), up to
-    the first NUL byte: the raw splitter under JournalReader (no checks). Used directly only
-    where lines are known to be unverifiable (doctor describing what damaged bytes held)."""
-    pos = start
-    pending = b""
-    pending_at = start
-    long: list[bytes] = []  # the chunks of a line longer than a chunk, joined once at its end
-    want = chunk_size
-    while end is None or pos < end:
-        if end is not None:
-            want = min(want, end - pos)
-        chunk = os.pread(fd, want, pos)
-        want = min(want * 8, CHUNK)
-        if not chunk:
-            break
-        nul = chunk.find(b"\0")
-        if nul >= 0:
-            chunk = chunk[:nul]
-            end = pos + nul  # stop here: the rest is unused space
-        pos += len(chunk)
-        if pending and b"\n" not in chunk and nul < 0:
-            long.append(chunk)  # (not pending + chunk: quadratic over a line of many chunks)
-            continue
-        if long:
-            data = b"".join([pending, *long, chunk])
-            long.clear()
-        else:
-            data = pending + chunk if pending else chunk
-        base = pending_at
-        cut = 0
-        while True:
-            nl = data.find(b"\n", cut)
-            if nl < 0:
-                break
-            yield base + cut, data[cut:nl], True
-            cut = nl + 1
-        pending = data[cut:]
-        pending_at = base + cut
-    if long:
-        pending = b"".join([pending, *long])
-    if pending:
-        yield pending_at, pending, False
+    the first NUL byte, unchecked: JournalReader's splitting alone. Used only where lines are
+    known not to verify (doctor describing what damaged bytes held) or are located, not read
+    (find_offset)."""
+    reader = JournalReader(fd, "", offset=start, end=end, chunk_size=chunk_size)
+    return reader._scan(_RAW)
 
 
 def first_nonzero(fd: int, start: int) -> int | None:

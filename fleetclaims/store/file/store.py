@@ -92,6 +92,7 @@ class FileStore:
         self._others_wrote = True
         self._alloc = 0
         self._state: State | None = None
+        self._reader: JournalReader | None = None
         self._offset = 0
         self._snap_offset = 0
         self._snap_size = 0
@@ -372,12 +373,19 @@ class FileStore:
         state = self._state
         assert state is not None
         path = str(self.journal_path)
-        reader = JournalReader(self._fd, path, offset=self._offset, seq=state.seq,
-                               prev=state.head, chunk_size=CATCH_UP_CHUNK)
+        reader = self._reader  # (kept between catch-ups: building one costs the hot path)
+        if reader is None or reader.fd != self._fd:
+            reader = self._reader = JournalReader(self._fd, path, chunk_size=CATCH_UP_CHUNK)
+        reader.offset, reader.seq, reader.prev = self._offset, state.seq, state.head
         while True:
-            for offset, _, event in reader.events():
-                apply_checked(state, event, offset, path)
-                self._offset = reader.offset
+            offset = self._offset
+            try:
+                for offset, _, event in reader.events():
+                    apply_checked(state, event, offset, path)
+            finally:
+                # Our offset is the end of the last line applied: the reader's, unless the
+                # apply of the line at ``offset`` failed (it sets the seq last).
+                self._offset = reader.offset if state.seq == reader.seq else offset
             if reader.damage is not None:
                 raise reader.corrupt()
             if reader.torn:

@@ -12,6 +12,7 @@ from .core.model import Claim, Identity, Now, Verdict
 from .core.queue import Task, TaskStatus
 from .core.rules import SweepItem, SweepReport
 from .errors import (
+    AccessDenied,
     AuditCorrupt,
     ClaimConflict,
     ClaimSuperseded,
@@ -19,9 +20,11 @@ from .errors import (
     DurabilityError,
     FleetclaimsError,
     LeaseExpired,
+    MissingDependency,
     NotHolder,
     RegistryBusy,
     RegistryCorrupt,
+    RegistryNotFound,
     StoreUnavailable,
     TaskCompleted,
     TaskNotReady,
@@ -32,6 +35,7 @@ from .errors import (
 from .store.base import Event, EventPage, VerifyReport
 
 __all__ = [
+    "AccessDenied",
     "AuditCorrupt",
     "Claim",
     "ClaimConflict",
@@ -44,12 +48,14 @@ __all__ = [
     "Identity",
     "Lease",
     "LeaseExpired",
+    "MissingDependency",
     "NotHolder",
     "Now",
     "OwnerStats",
     "Registry",
     "RegistryBusy",
     "RegistryCorrupt",
+    "RegistryNotFound",
     "Stats",
     "StoreUnavailable",
     "SweepItem",

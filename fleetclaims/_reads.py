@@ -132,3 +132,19 @@ def event_page(events: Iterable[dict[str, Any]], after: int, limit: int,
             continue
         out.append(Event.from_dict(data))
     return EventPage(out, cursor, more)
+
+
+def lease_left(expires_at: float | None, boot_deadline: float | None, deadline_boot: str,
+               now: Now | float) -> float | None:
+    """Seconds until the lease ends (negative once it has), None when parked. Told by the
+    clock that decides expiry (rules.lease_expired): on the boot that set the deadline, the boot
+    clock, so a wall-clock step does not show a live lease as over; else the wall clock."""
+    if expires_at is None:
+        return None
+    if not isinstance(now, Now):
+        return expires_at - now
+    if boot_deadline is not None and now.boot is not None and deadline_boot \
+            and deadline_boot == now.boot_id:
+        return boot_deadline - now.boot
+    return expires_at - now.wall
+

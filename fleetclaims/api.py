@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -13,7 +15,13 @@ from ._reads import OwnerStats, Stats
 from .core import events as ev
 from .core import queue, rules, validate
 from .core.chain import token_hash
-from .core.errors import ValidationError
+from .core.errors import (
+    AccessDenied,
+    FleetclaimsError,
+    MissingDependency,
+    RegistryNotFound,
+    ValidationError,
+)
 from .core.model import UNKNOWN_VERDICT, Claim, Identity, Now, Verdict
 from .core.rules import Decision, Grant, SweepReport
 from .core.state import State
@@ -57,34 +65,21 @@ class Registry:
         schema: str | None = None,
         create: bool = True,
     ) -> None:
-        from .location import is_url, resolve
-
         if durability not in ("full", "process"):
             raise ValidationError("durability", "must be 'full' or 'process'", value=durability)
+        for name, flag in (("allow_unsafe_fs", allow_unsafe_fs), ("create", create)):
+            if flag is not None and not isinstance(flag, bool):
+                raise ValidationError(name, "must be True or False", value=flag)
+        if schema is not None and not isinstance(schema, str):
+            raise ValidationError("schema", "must be a string", value=schema)
+        lock_timeout = _lock_timeout(lock_timeout)
         self.clock: Clock = clock or SystemClock()
         self.prober: Prober = prober or SystemProber()
-        if lock_timeout is None:
-            lock_timeout = float(os.environ.get("FLEETCLAIMS_LOCK_TIMEOUT", "10"))
         if allow_unsafe_fs is None:
             allow_unsafe_fs = os.environ.get("FLEETCLAIMS_ALLOW_UNSAFE_FS", "") not in ("", "0")
-        if store is not None:
-            self.store = store
-        else:
-            location = resolve(path)
-            if is_url(location):
-                from .store.postgres.store import PostgresStore
-
-                self.store = PostgresStore(
-                    location, clock=self.clock, durability=durability,
-                    lock_timeout=lock_timeout, schema=schema,
-                )
-            else:
-                from .store.file.store import FileStore
-
-                self.store = FileStore(
-                    location, clock=self.clock, durability=durability,
-                    lock_timeout=lock_timeout, allow_unsafe_fs=allow_unsafe_fs, create=create,
-                )
+        self.store = store if store is not None else _open_store(
+            path, durability=durability, lock_timeout=lock_timeout, clock=self.clock,
+            schema=schema, allow_unsafe_fs=allow_unsafe_fs, create=create)
         self.location = self.store.location
 
     # --- helpers -----------------------------------------------------------------------------
@@ -129,13 +124,12 @@ class Registry:
         return raw, grant
 
     def _identity(self, process: bool | int) -> Identity | None:
+        process = validate.process(process)
         if process is True:
             return self.prober.identity()
         if process is False:
             return None
-        if isinstance(process, int) and process > 0:
-            return self.prober.identity_of(process)
-        raise ValidationError("process", "must be True, False or a positive PID", value=process)
+        return self.prober.identity_of(process)
 
     @staticmethod
     def _token(token: str | None) -> str:
@@ -412,12 +406,11 @@ class Registry:
         from .core.merge import plan_merge
 
         who = validate.owner(actor, "actor")
-        if not isinstance(other, Registry):
-            from .location import is_url
-
-            where = os.fspath(other)
-            if not is_url(where) and not os.path.isdir(where):
-                raise ValidationError("other", "is not a registry directory", value=where)
+        if not isinstance(other, (str, os.PathLike, Registry)):
+            raise ValidationError("other", "must be a registry directory, a postgresql:// URL "
+                                  "or a Registry", value=other)
+        # create=False: a path that is not a registry is refused before anything is opened
+        # there (no stray claims.lock in a mistyped directory).
         source = other if isinstance(other, Registry) else Registry(
             other, clock=self.clock, prober=self.prober, allow_unsafe_fs=True, create=False
         )
@@ -506,8 +499,9 @@ class Registry:
     ) -> EventPage:
         """A page of committed events with seq > ``after`` matching the filters, oldest first.
         Pass ``page.next_cursor`` as ``after`` for the next page."""
-        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-            raise ValidationError("after", "must be a non-negative integer", value=after)
+        after = validate.cursor("after", after)
+        since = validate.timestamp("since", since)
+        until = validate.timestamp("until", until)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
             raise ValidationError("limit", "must be an integer from 1 to 100000", value=limit)
         wanted = validate.event_types(types, ev.ALL_TYPES)
@@ -517,7 +511,12 @@ class Registry:
                                  owner, since, until)
 
     def verify(self) -> VerifyReport:
-        return self.store.verify()
+        """Check the whole journal (hash chain, sequence) and the snapshot against it."""
+        try:
+            return self.store.verify()
+        except PermissionError as exc:
+            raise AccessDenied(self.location, f"cannot read {exc.filename or 'a file'}: "
+                               f"{exc.strerror}") from None
 
     def hold(
         self,
@@ -543,6 +542,91 @@ class Registry:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: the files of which one at least is in every file registry that was ever opened for writing
+REGISTRY_MARKERS = ("audit.jsonl", "claims.json", "claims.lock")
+LOCK_TIMEOUT_MAX = 24 * 3600.0
+
+
+def _lock_timeout(value: object) -> float:
+    """``lock_timeout`` (else FLEETCLAIMS_LOCK_TIMEOUT, else 10 s) as seconds, typed."""
+    field = "lock_timeout"
+    if value is None:
+        text = os.environ.get("FLEETCLAIMS_LOCK_TIMEOUT", "").strip()
+        if not text:
+            return 10.0
+        field = "FLEETCLAIMS_LOCK_TIMEOUT"
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValidationError(field, "must be a number of seconds, e.g. 10 or 0.5",
+                                  value=text) from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        isinstance(value, int) or math.isfinite(value)
+    ) or not 0 <= value <= LOCK_TIMEOUT_MAX:
+        raise ValidationError(field, f"must be a number of seconds from 0 to "
+                              f"{LOCK_TIMEOUT_MAX:g}", value=value)
+    return float(value)
+
+
+def _open_store(
+    path: str | os.PathLike[str] | None, *, durability: str, lock_timeout: float,
+    clock: Clock, schema: str | None, allow_unsafe_fs: bool, create: bool,
+) -> Store:
+    """The store at ``path`` (a directory or a postgresql:// URL; None: the default one)."""
+    from .location import is_url, resolve
+
+    location = resolve(path)
+    if is_url(location):
+        try:
+            from .store.postgres.store import PostgresStore
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("psycopg"):
+                raise
+            raise MissingDependency("psycopg", "a postgresql:// registry",
+                                    "pip install 'fleetclaims[postgres]'") from None
+        return PostgresStore(location, clock=clock, durability=durability,
+                             lock_timeout=lock_timeout, schema=schema)
+    if not create:
+        require_registry(location)
+    from .store.file.store import FileStore
+
+    return FileStore(location, clock=clock, durability=durability, lock_timeout=lock_timeout,
+                     allow_unsafe_fs=allow_unsafe_fs, create=create)
+
+
+def typed_store_error(exc: BaseException) -> FleetclaimsError | None:
+    """The typed error for an OS permission failure or a PostgreSQL error that escaped a store
+    (a role without rights on the schema ...), or None."""
+    if isinstance(exc, PermissionError):
+        return AccessDenied(exc.filename or "a registry file", exc.strerror or str(exc))
+    psycopg = sys.modules.get("psycopg")  # never imported here for this
+    if psycopg is not None and isinstance(exc, psycopg.Error):
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if getattr(exc, "sqlstate", None) == "42501":  # insufficient_privilege
+            return AccessDenied("the PostgreSQL registry", reason, hint=(
+                "Ask the database owner to grant this role USAGE on the schema and SELECT, "
+                "INSERT, UPDATE on its tables (or run `fleetclaims db migrate` as the owner)."))
+        from .core.errors import StoreUnavailable
+
+        return StoreUnavailable("PostgreSQL", reason, committed=None)
+    return None
+
+
+def require_registry(location: str) -> None:
+    """Refuse (RegistryNotFound) a directory that does not hold a file registry."""
+    try:
+        names = set(os.listdir(location))
+    except FileNotFoundError:
+        raise RegistryNotFound(location, "the directory does not exist") from None
+    except NotADirectoryError:
+        raise RegistryNotFound(location, "it is a file, not a directory") from None
+    except PermissionError as exc:
+        raise AccessDenied(location, exc.strerror or "permission denied") from None
+    if not names & set(REGISTRY_MARKERS):
+        raise RegistryNotFound(location, "the directory holds no registry files ("
+                               + ", ".join(REGISTRY_MARKERS) + ")")
 
 
 __all__ = ["Durability", "Lease", "OwnerStats", "Registry", "Stats", "new_token"]

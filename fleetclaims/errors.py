@@ -1,6 +1,7 @@
 """Public re-export of every fleetclaims exception (they live in ``fleetclaims.core.errors``)."""
 
 from .core.errors import (
+    AccessDenied,
     AuditCorrupt,
     ClaimConflict,
     ClaimSuperseded,
@@ -8,9 +9,11 @@ from .core.errors import (
     DurabilityError,
     FleetclaimsError,
     LeaseExpired,
+    MissingDependency,
     NotHolder,
     RegistryBusy,
     RegistryCorrupt,
+    RegistryNotFound,
     StoreUnavailable,
     TaskCompleted,
     TaskNotReady,
@@ -20,6 +23,7 @@ from .core.errors import (
 )
 
 __all__ = [
+    "AccessDenied",
     "AuditCorrupt",
     "ClaimConflict",
     "ClaimSuperseded",
@@ -27,9 +31,11 @@ __all__ = [
     "DurabilityError",
     "FleetclaimsError",
     "LeaseExpired",
+    "MissingDependency",
     "NotHolder",
     "RegistryBusy",
     "RegistryCorrupt",
+    "RegistryNotFound",
     "StoreUnavailable",
     "TaskCompleted",
     "TaskNotReady",

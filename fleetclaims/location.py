@@ -16,22 +16,53 @@ def resolve(path: str | os.PathLike[str] | None = None, cwd: Path | None = None)
     """An explicit path or URL wins; then FLEETCLAIMS_URL, FLEETCLAIMS_DIR; then the main working
     tree of the enclosing git repository; then the platform's user state directory."""
     if path is not None:
-        text = os.fspath(path)
-        _check_scheme(text)
-        return text if is_url(text) else str(Path(text).expanduser().absolute())
+        return _absolute(_path_text(path, "registry location"), "registry location")
     url = os.environ.get("FLEETCLAIMS_URL")
     if url:
-        return url
+        return _absolute(url, "FLEETCLAIMS_URL")
     env_dir = os.environ.get("FLEETCLAIMS_DIR")
     if env_dir:
-        _check_scheme(env_dir)
-        return env_dir if is_url(env_dir) else str(Path(env_dir).expanduser().absolute())
+        return _absolute(env_dir, "FLEETCLAIMS_DIR")
     root = git_main_worktree(cwd or Path.cwd())
     if root is not None:
         return str(root / SUBDIR)
     from platformdirs import user_state_dir
 
     return str(Path(user_state_dir("fleetclaims", appauthor=False)) / "registry")
+
+
+def _path_text(path: object, field: str) -> str:
+    """``path`` as text, or a typed refusal: an empty path would make the current directory
+    a registry (an unset shell variable in ``--dir "$X"``)."""
+    from .core.errors import ValidationError
+
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValidationError(field, "must be a directory path (str or os.PathLike) or a "
+                              "postgresql:// URL", value=path)
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise ValidationError(field, "must be a text path, not bytes", value=text)
+    return text
+
+
+def _absolute(text: str, field: str) -> str:
+    from .core.errors import ValidationError
+    from .core.validate import SURROGATE_REASON
+
+    if not text.strip():
+        raise ValidationError(field, "is empty; name a directory (an unset shell variable?)",
+                              value=text)
+    if "\x00" in text:
+        raise ValidationError(field, "contains a NUL character", value=text)
+    if any("\ud800" <= ch <= "\udfff" for ch in text):
+        raise ValidationError(field, SURROGATE_REASON, value=text)
+    _check_scheme(text)
+    if is_url(text):
+        return text
+    try:
+        return str(Path(text).expanduser().absolute())
+    except RuntimeError as exc:  # "~nosuchuser/x": no such user's home directory
+        raise ValidationError(field, f"cannot be expanded ({exc})", value=text) from None
 
 
 def _check_scheme(text: str) -> None:

@@ -264,8 +264,15 @@ NETWORK_FS = frozenset(
         "prl_fs", "vmhgfs",
     }
 )
+#: folders that sync tools watch, matched in any letter case as a whole path component or as
+#: its start before a space ("Dropbox (Personal)", "OneDrive - Contoso")
 CLOUD_FOLDERS = ("Dropbox", "OneDrive", "Google Drive", "GoogleDrive", "Mobile Documents",
-                 "iCloud Drive", "Box Sync", "pCloud Drive", "MEGA", "Nextcloud", "ownCloud")
+                 "iCloud Drive", "Box Sync", "pCloud Drive", "MEGA", "Nextcloud", "ownCloud",
+                 "SynologyDrive", "Synology Drive")
+#: macOS File Provider sync roots (Dropbox, OneDrive, Google Drive, Box ... since macOS 12.3)
+CLOUD_PARENTS = (("library", "cloudstorage"),)
+#: a directory holding one of these is the root of a synced folder (Syncthing)
+SYNC_MARKERS = (".stfolder",)
 
 
 @dataclass(frozen=True)
@@ -328,8 +335,28 @@ def unsafe_filesystem(path: Path, mounts_file: str = "/proc/self/mounts") -> str
             return f"{path} is on a network filesystem ({info.fstype} at {info.mountpoint})"
         if fstype.startswith("fuse") and fstype not in ("fuse.portal",):
             return f"{path} is on a FUSE filesystem ({info.fstype} at {info.mountpoint})"
-    resolved = str(path.resolve())
+    return cloud_folder(path)
+
+
+def cloud_folder(path: Path) -> str | None:
+    """Why ``path`` is inside a folder a sync tool rewrites behind our back, or None."""
+    resolved = path.resolve()
+    parts = [p.lower() for p in resolved.parts]
     for name in CLOUD_FOLDERS:
-        if f"/{name}/" in resolved + "/" or f"/{name} " in resolved:
+        low = name.lower()
+        if any(p == low or p.startswith(low + " ") for p in parts):
             return f"{path} is inside a cloud-sync folder ({name})"
+    for first, second in CLOUD_PARENTS:
+        for i in range(len(parts) - 2):
+            if parts[i] == first and parts[i + 1] == second:
+                return (f"{path} is inside a cloud-sync folder (~/Library/CloudStorage/"
+                        f"{resolved.parts[i + 2]})")
+    for directory in (resolved, *resolved.parents):
+        for marker in SYNC_MARKERS:
+            try:
+                found = (directory / marker).exists()
+            except OSError:  # unreadable: not proof of a synced folder
+                found = False
+            if found:
+                return f"{path} is inside a Syncthing folder ({directory / marker} exists)"
     return None

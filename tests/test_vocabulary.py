@@ -142,6 +142,8 @@ def test_mcp_tools_are_the_registry_methods() -> None:
 DOCUMENTED_EXIT = {
     "FleetclaimsError": 1, "RegistryBusy": 1, "DurabilityError": 1, "UnsafeRegistry": 1,
     "StoreUnavailable": 1, "UnknownTask": 1,
+    "StoreReadOnly": 1, "StoreOverloaded": 1, "SchemaMismatch": 1,
+    "RegistryNotFound": 2, "AccessDenied": 1, "MissingDependency": 1,
     "ValidationError": 2, "DependencyCycle": 2,
     "ClaimConflict": 3, "TaskCompleted": 3, "TaskNotReady": 3,
     "NotHolder": 4, "LeaseExpired": 4, "ClaimSuperseded": 4,

@@ -31,7 +31,7 @@ from . import brief
 
 if TYPE_CHECKING:
     from ..api import Registry
-    from ..core.model import Claim
+    from ..core.model import Claim, Now
 
 Task = Annotated[str, Field(max_length=200, description="The task id, e.g. 'issue-42'.")]
 Token = Annotated[str | None, Field(
@@ -47,11 +47,13 @@ READ = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hin
 WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
 
 
-def _summary(c: Claim, now: float) -> dict[str, Any]:
+def _summary(c: Claim, now: float | Now) -> dict[str, Any]:
     """A claim in few members: what an agent needs to act, never the token."""
+    from .._reads import lease_left
+
+    left = lease_left(c.expires_at, c.boot_deadline, c.deadline_boot, now)
     return {"task": c.task, "owner": c.owner, "fence": c.fence, "state": c.state,
-            "phase": c.phase,
-            "expires_in": None if c.expires_at is None else round(c.expires_at - now, 1),
+            "phase": c.phase, "expires_in": None if left is None else round(left, 1),
             "note": c.note}
 
 
@@ -139,7 +141,7 @@ class ClaimsServer:
     def granted(self, c: Claim) -> dict[str, Any]:
         if c.token:
             self.tokens[c.task] = c.token
-        return {**_summary(c, time.time()), "token_held_by_server": True}
+        return {**_summary(c, self.registry.store.now()), "token_held_by_server": True}
 
     # --- tools ---------------------------------------------------------------------------
 
@@ -192,7 +194,7 @@ class ClaimsServer:
             tok = self.token_for(task, token)
             c = self.forget_if_lost(task, lambda: self.registry.renew(task, token=tok, ttl=ttl))
             self.tokens[task] = tok  # an explicitly passed token is kept from now on
-            return _summary(c, time.time())
+            return _summary(c, self.registry.store.now())
 
         return self.call(op)
 
@@ -214,7 +216,7 @@ class ClaimsServer:
             c = self.forget_if_lost(task, lambda: self.registry.complete(task, token=tok,
                                                                          result=result))
             self.tokens.pop(task, None)
-            return _summary(c, time.time())
+            return _summary(c, self.registry.store.now())
 
         return self.call(op)
 
@@ -237,7 +239,7 @@ class ClaimsServer:
                 task, token=tok, to_owner=to_owner, note=note, ttl=ttl))
             self.tokens.pop(task, None)
             # The new token belongs to the receiver: it is returned once, to be passed on.
-            return {**_summary(c, time.time()), "token_for_receiver": c.token}
+            return {**_summary(c, self.registry.store.now()), "token_for_receiver": c.token}
 
         return self.call(op)
 
@@ -247,7 +249,7 @@ class ClaimsServer:
             if c is None:
                 return {"task": task, "claim": None, "free": True}
             stale = self.registry.is_stale(c) if c.live else None
-            return {**_summary(c, time.time()), "stale": stale,
+            return {**_summary(c, self.registry.store.now()), "stale": stale,
                     "free": c.state == "released",
                     "yours": c.live and c.owner == self.owner and task in self.tokens}
 
@@ -258,7 +260,7 @@ class ClaimsServer:
                include_finished: Annotated[bool, Field(description="Also completed and released "
                                                        "ones.")] = False) -> CallToolResult:
         def op() -> dict[str, Any]:
-            now = time.time()
+            now = self.registry.store.now()
             claims = self.registry.claims(owner=owner, include_expired=True,
                                           include_completed=include_finished,
                                           include_released=include_finished)
@@ -343,10 +345,47 @@ TOOLS: dict[str, tuple[str, ToolAnnotations]] = {
 #: older tool names, still served for the clients and prompts that use them -> the tool
 ALIASES: dict[str, str] = {"show": "get", "list": "claims", "next": "claim_next"}
 
+class _Server(MCPServer[Any]):
+    """The SDK's server, whose argument-schema refusals (and unknown tools) come back as the
+    documented JSON error document instead of the SDK's plain text."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Any = None) -> Any:
+        from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+        from pydantic import ValidationError as SchemaError
+
+        from ..core.errors import ValidationError
+
+        try:
+            return await super().call_tool(name, arguments, context)
+        except UnexpectedToolError as exc:
+            return _internal(exc.__cause__ or exc)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, SchemaError) and cause.errors():
+                first = cause.errors()[0]
+                field = ".".join(str(part) for part in first["loc"]) or "arguments"
+                return _error(ValidationError(field, first["msg"].rstrip(".")))
+            if name not in TOOLS and name not in ALIASES:
+                return _error(ValidationError(
+                    "name", "is not a tool of this server; the tools are "
+                    + ", ".join(sorted(TOOLS)), value=name))
+            return _error(ValidationError("arguments", str(exc)))
+
+
+def _internal(exc: BaseException) -> CallToolResult:
+    """A bug, told as the JSON error document (code ``internal``)."""
+    text = json.dumps({"error": "internal", "message": f"internal error (a bug in fleetclaims "
+                       f"{__version__}): {type(exc).__name__}", "holder": None,
+                       "next_action": "Tell a human: this is a bug in fleetclaims; the call "
+                       "may be retried."})
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
 def build(registry: Registry, owner: str) -> tuple[MCPServer[Any], ClaimsServer]:
     """The MCP server for ``registry`` acting as ``owner``, and its tool object."""
     tools = ClaimsServer(registry, owner)
-    server: MCPServer[Any] = MCPServer(
+    server: MCPServer[Any] = _Server(
         name="fleetclaims", version=__version__, log_level="WARNING",
         instructions=(
             f"fleetclaims coordinates agents sharing one repository. You act as "
@@ -366,6 +405,25 @@ def build(registry: Registry, owner: str) -> tuple[MCPServer[Any], ClaimsServer]
 
 
 def serve(registry: Registry, owner: str) -> None:
-    """Serve over stdio until the client closes the connection."""
+    """Serve over stdio until the client closes the connection. The SDK's transport is fed
+    through a filter that answers every line it cannot take itself (see ``_Wire``)."""
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    from ..core.errors import ValidationError
+    from .mcp_stdio import Wire
+
     server, _ = build(registry, owner)
-    server.run("stdio")
+
+    def refuse(field: str, reason: str) -> dict[str, Any]:
+        result = _error(ValidationError(field, reason))
+        return result.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+    wire = Wire(refuse)
+
+    async def run() -> None:
+        async with stdio_server(stdin=wire, stdout=wire) as (read, write):  # type: ignore[arg-type]
+            low = server._lowlevel_server  # what MCPServer.run_stdio_async runs
+            await low.run(read, write, low.create_initialization_options())
+
+    anyio.run(run)

@@ -16,12 +16,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING, cast
 
 from .._version import __version__
-from ..core.errors import FleetclaimsError
+from ..core.errors import FleetclaimsError, ValidationError
 from .args import Discarded, Formatter, Handler, Parser, common
 from .output import (
     EXIT_CONFLICT,
     EXIT_DAMAGED,
     EXIT_ERROR,
+    EXIT_INTERNAL,
     EXIT_NOT_HOLDER,
     EXIT_OK,
     EXIT_USAGE,
@@ -37,10 +38,12 @@ if TYPE_CHECKING:
     from .args import AddParser
 
 VERSION = __version__
+#: where a bug (an internal error, exit 70) is reported
+REPORT_TO = "the fleetclaims issue tracker (fleetclaims --version tells the version)"
 
 EPILOG = """\
 exit codes: 0 ok, 1 error, 2 usage, 3 conflict, 4 not holder / expired / superseded,
-            5 registry damaged
+            5 registry damaged, 70 internal error (a bug: please report it)
 registry:   --dir DIR or postgresql://URL; else FLEETCLAIMS_URL, FLEETCLAIMS_DIR, the git
             repository's .cache/fleetclaims/, or the user state directory
 aliases:    show = get, list = claims, next = claim-next (handoff: --to = --to-owner)
@@ -139,13 +142,35 @@ def _command_of(argv: list[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(_command_of(argv))
-    # Everything after the first "--" is the command of `run`, never options of ours.
+    """Run one command line; the exit status is returned, never a traceback shown: an
+    exception that is not a FleetclaimsError is a bug, reported in one line (exit 70)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    json_mode = "--json" in args_list
+    try:
+        return _main(args_list)
+    except FleetclaimsError as exc:  # refused before a command ran (an argument not UTF-8)
+        return report_error(json_mode, exc)
+    except KeyboardInterrupt:
+        sys.stderr.write("fleetclaims: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:  # the last line of defence: see internal_error
+        typed = typed_error(exc)
+        if typed is not None:
+            return report_error(json_mode, typed)
+        return internal_error(json_mode, exc)
+
+
+def _main(argv: list[str]) -> int:
+    # Everything after the first "--" is the command of `run`, never options of ours (its
+    # arguments may be any bytes: file names are passed on as they came).
     cmd: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
         argv, cmd = argv[:cut], argv[cut + 1 :]
+    _check_arguments(argv)
+    parser = build_parser(_command_of(argv))
     Parser.json_errors = "--json" in argv
     try:
         args = parser.parse_args(argv)
@@ -164,14 +189,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handlers[name](args, out)
     except FleetclaimsError as exc:
         return report_error(out.json, exc)
-    except KeyboardInterrupt:
-        sys.stderr.write("fleetclaims: interrupted\n")
-        return 130
-    except BrokenPipeError:
-        return EXIT_OK
-    except OSError as exc:
-        sys.stderr.write(f"fleetclaims: {exc}\nCheck the path and permissions, then retry.\n")
-        return EXIT_ERROR
+
+
+def _check_arguments(argv: list[str]) -> None:
+    """Refuse an argument that is not valid UTF-8 before anything reads it: Python hands such
+    bytes over as lone surrogates (PEP 383), which no file or JSON document can hold."""
+    for position, arg in enumerate(argv, 1):
+        if any("\ud800" <= ch <= "\udfff" for ch in arg):
+            from ..core.validate import SURROGATE_REASON
+
+            raise ValidationError(f"argument {position}", SURROGATE_REASON,
+                                  value=arg.encode("utf-8", "surrogateescape"))
+
+
+def typed_error(exc: BaseException) -> FleetclaimsError | None:
+    """The typed error an OS or database failure stands for, or None for a bug."""
+    from ..api import typed_store_error
+
+    found = typed_store_error(exc)
+    if found is None and isinstance(exc, OSError):
+        found = FleetclaimsError(f"{exc}.", hint="Check the path and permissions, then retry.")
+    return found
+
+
+def internal_error(json_mode: bool, exc: BaseException) -> int:
+    """One line naming the bug, the version and where to report it; exit 70."""
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None:  # the innermost frame: where it broke, for the report
+        where = f" at {tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    what = f"{type(exc).__name__}{where}: {str(exc)[:200].rstrip('.')}"
+    message = (f"internal error (a bug in fleetclaims {VERSION}): {what}. Nothing more was "
+               f"done; please report this line and the command to {REPORT_TO}.")
+    if json_mode:
+        import json
+
+        sys.stdout.write(json.dumps({"error": "internal", "message": message,
+                                     "exception": type(exc).__name__, "version": VERSION,
+                                     "report_to": REPORT_TO}, ensure_ascii=True) + "\n")
+    sys.stderr.write(f"fleetclaims: {message}\n".encode("ascii", "backslashreplace").decode())
+    return EXIT_INTERNAL
 
 
 __all__ = [
@@ -180,6 +238,7 @@ __all__ = [
     "EXIT_CONFLICT",
     "EXIT_DAMAGED",
     "EXIT_ERROR",
+    "EXIT_INTERNAL",
     "EXIT_NOT_HOLDER",
     "EXIT_OK",
     "EXIT_USAGE",

@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..core.errors import FleetclaimsError, ValidationError
-from .args import AddParser, Handler, dur, registry
+from .args import AddParser, Handler, dur, reader, registry
 from .output import EXIT_OK, exit_code
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def cmd_brief(args: argparse.Namespace, out: Out) -> int:
 
     from ..agents import brief
 
-    doc = brief.build(registry(args), _owner(args, required=False), time.time())
+    doc = brief.build(reader(args), _owner(args, required=False), time.time())
     if out.json:
         out.doc(doc)
     else:

@@ -123,6 +123,25 @@ def registry(args: argparse.Namespace, **extra: Any) -> Registry:
                     **extra)
 
 
+def reader(args: argparse.Namespace, **extra: Any) -> Registry:
+    """A Registry for a command that only reads, which never creates one. A registry named
+    by hand (--dir) must exist: a typo is refused (RegistryNotFound). One that comes from the
+    environment (FLEETCLAIMS_DIR, set once in a hook or by `run`) or the default location and
+    that no write has created yet reads as empty: that is the first run, not a typo."""
+    from ..location import is_url, resolve
+
+    if args.dir is not None:
+        return registry(args, create=False, **extra)
+    location = resolve(None)  # FLEETCLAIMS_URL, FLEETCLAIMS_DIR, git repository, user state
+    if is_url(location) or os.path.isdir(location):
+        return registry(args, **extra)
+    from ..api import Registry
+    from ..store.memory import MemoryStore
+    from ..system import SystemClock
+
+    return Registry(store=MemoryStore(clock=SystemClock(), location=location))
+
+
 def token(args: argparse.Namespace) -> str:
     tok = args.token or os.environ.get("FLEETCLAIMS_TOKEN")
     if not tok:
@@ -134,11 +153,11 @@ def json_arg(field: str, text: str | None, *, plain_ok: bool) -> Any:
     """``text`` parsed as JSON; with ``plain_ok``, text that is not JSON is kept as a string."""
     if text is None:
         return None
-    try:
-        import json
+    from ..core import validate
 
-        return json.loads(text)
-    except ValueError:
-        if plain_ok:
+    try:
+        return validate.json_text(field, text)
+    except ValidationError as exc:
+        if plain_ok and exc.reason == "is not valid JSON":
             return text
-        raise ValidationError(field, "is not valid JSON", value=text) from None
+        raise

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.durations import format_duration, iso, parse_instant
 from ..core.errors import ValidationError
-from .args import AddParser, Handler, registry
-from .output import EXIT_DAMAGED, EXIT_OK, print_events
+from .args import AddParser, Handler, reader
+from .output import EXIT_DAMAGED, EXIT_OK, print_events, write_private
 
 if TYPE_CHECKING:
     from ..api import Registry
@@ -64,7 +64,7 @@ def add_parsers(add: AddParser) -> None:
 def cmd_top(args: argparse.Namespace, out: Out) -> int:
     from ..review.top import document, run  # terminal handling is imported by top only
 
-    reg = registry(args)
+    reg = reader(args)
     if out.json:
         out.doc(document(reg, str(reg.location)))
         return EXIT_OK
@@ -72,7 +72,7 @@ def cmd_top(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_events(args: argparse.Namespace, out: Out) -> int:
-    page = registry(args).events(after=args.after, limit=args.limit, types=args.types,
+    page = reader(args).events(after=args.after, limit=args.limit, types=args.types,
                                  task=args.task)
     if out.json:
         out.doc({"events": [e.data for e in page.events], "next_cursor": page.next_cursor,
@@ -84,7 +84,7 @@ def cmd_events(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_explain(args: argparse.Namespace, out: Out) -> int:
-    x = registry(args).explain(args.task)
+    x = reader(args).explain(args.task)
     if out.json:
         out.doc(x.to_dict())
         return EXIT_OK
@@ -118,7 +118,7 @@ def cmd_audit(args: argparse.Namespace, out: Out) -> int:
                               f"fleetclaims audit report --html {args.html}")
     if args.action == "verify":
         return _audit_verify(args, out)
-    reg = registry(args)
+    reg = reader(args)
     filters = _audit_filters(args)
     if args.action == "export":
         return _audit_export(args, reg, filters)
@@ -133,8 +133,7 @@ def _audit_export(args: argparse.Namespace, reg: Registry, filters: dict[str, An
     events = _all_events(reg, args.after, filters)
     text = to_csv(events) if args.format == "csv" else to_jsonl(events)
     if args.output:
-        with open(args.output, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
+        write_private(args.output, text)
         sys.stderr.write(f"wrote {len(events)} events to {args.output}\n")
     else:
         sys.stdout.write(text)
@@ -158,8 +157,7 @@ def _audit_report(args: argparse.Namespace, out: Out, reg: Registry,
     if args.html == "-":
         sys.stdout.write(html)
         return EXIT_OK
-    with open(args.html, "w", encoding="utf-8") as fh:
-        fh.write(html)
+    write_private(args.html, html)
     if out.json:
         out.doc({"html": args.html, "events": len(events)})
     else:
@@ -206,7 +204,7 @@ def _all_events(reg: Registry, after: int, filters: dict[str, Any]) -> list[dict
 
 
 def _audit_verify(args: argparse.Namespace, out: Out) -> int:
-    reg = registry(args)
+    reg = reader(args)
     show = sys.stderr.isatty() and not out.json
 
     def progress(done: int, total: int) -> None:

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..core.durations import iso, relative
-from .args import AddParser, Handler, dur, json_arg, registry, token, token_option
+from .args import AddParser, Handler, dur, json_arg, reader, registry, token, token_option
 from .output import EXIT_OK, claim_doc, claim_rows, data_doc, show_claim
 
 if TYPE_CHECKING:
@@ -193,7 +193,8 @@ def cmd_reopen(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace, out: Out) -> int:
-    report = registry(args).sweep(dry_run=args.dry_run, actor=args.actor)
+    reg = reader(args) if args.dry_run else registry(args)  # a dry run only reads
+    report = reg.sweep(dry_run=args.dry_run, actor=args.actor)
     if out.json:
         out.doc({"dry_run": args.dry_run, "found": [
             {"task": i.task, "owner": i.owner, "fence": i.fence, "reason": i.reason}
@@ -219,7 +220,7 @@ def _queue_doc(queued: TaskStatus | None) -> dict[str, Any] | None:
 
 
 def cmd_get(args: argparse.Namespace, out: Out) -> int:
-    reg = registry(args)
+    reg = reader(args)
     c = reg.get(args.task)
     queued = reg.task(args.task)
     if c is None:
@@ -236,7 +237,7 @@ def cmd_get(args: argparse.Namespace, out: Out) -> int:
     stale = reg.is_stale(c) if c.live else None
     verdict = reg.verdict(c) if c.live else None
     if out.json:
-        doc = claim_doc(c, time.time())
+        doc = claim_doc(c, reg.store.now())
         doc["stale"] = stale
         doc["liveness"] = None if verdict is None else {"state": verdict.state,
                                                         "reasons": list(verdict.reasons)}
@@ -283,13 +284,13 @@ def cmd_claims(args: argparse.Namespace, out: Out) -> int:
         from .queue import cmd_tasks
 
         return cmd_tasks(args, out)
-    reg = registry(args)
+    reg = reader(args)
     if out.json:
-        now = time.time()
+        clocks = reg.store.now()  # the clocks that decide expiry tell expires_in
         docs = reg.claims_data(owner=args.owner, include_expired=args.expired or args.all,
                                include_completed=args.completed or args.all,
                                include_released=args.all)
-        out.doc([data_doc(d, now) for d in docs])
+        out.doc([data_doc(d, clocks) for d in docs])
         return EXIT_OK
     claims = reg.claims(owner=args.owner, include_expired=args.expired or args.all,
                         include_completed=args.completed or args.all,
@@ -304,7 +305,7 @@ def cmd_claims(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_stats(args: argparse.Namespace, out: Out) -> int:
-    s = registry(args).stats()
+    s = reader(args).stats()
     if out.json:
         out.doc({"active": s.active, "expired": s.expired, "completed": s.completed,
                  "released": s.released, "seq": s.seq, "fence": s.fence,

@@ -17,7 +17,7 @@ from ..core.durations import iso, relative
 
 if TYPE_CHECKING:
     from ..core.errors import FleetclaimsError
-    from ..core.model import Claim
+    from ..core.model import Claim, Now
 
 # --- exit codes (stable, documented) ------------------------------------------------------------
 
@@ -27,6 +27,9 @@ EXIT_USAGE = 2
 EXIT_CONFLICT = 3
 EXIT_NOT_HOLDER = 4
 EXIT_DAMAGED = 5
+#: a bug: an exception that is not a FleetclaimsError (BSD sysexits' EX_SOFTWARE). Not in
+#: EXIT_CODES: no error class means it.
+EXIT_INTERNAL = 70
 
 #: error code -> exit status. A code not listed here exits 1 (EXIT_ERROR); an error class
 #: without an entry of its own takes the nearest base class's (see exit_code_of).
@@ -46,6 +49,12 @@ EXIT_CODES: dict[str, int] = {
     "stale": EXIT_NOT_HOLDER,        # guard: the run's claim may be taken over
     "corrupt": EXIT_DAMAGED,         # repair with `doctor --fix`
     "audit_corrupt": EXIT_DAMAGED,
+    "read_only": EXIT_ERROR,         # PostgreSQL: a standby or read-only database
+    "too_many_connections": EXIT_ERROR,  # PostgreSQL: no connection slot free
+    "schema_mismatch": EXIT_ERROR,   # PostgreSQL: schema missing or newer than the code
+    "no_registry": EXIT_USAGE,       # a read, merge or migrate --from where none exists
+    "access_denied": EXIT_ERROR,     # file permissions, a database role without rights
+    "missing_dependency": EXIT_ERROR,  # e.g. psycopg for a postgresql:// URL
 }
 
 
@@ -76,6 +85,17 @@ def report_error(json_mode: bool, exc: FleetclaimsError) -> int:
 
 
 # --- output ----------------------------------------------------------------------------------
+
+
+def write_private(path: str, text: str) -> None:
+    """Write ``text`` to the file ``path`` readable by its owner only (0600), whatever the
+    umask: an export or a report holds the audit trail (owners, notes, metadata)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
+                 0o600)
+    with open(fd, "w", encoding="utf-8", newline="") as fh:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+        fh.write(text)
 
 
 class Out:
@@ -124,24 +144,31 @@ class Out:
 _DOC_HIDDEN = ("boot_deadline", "deadline_boot", "retired", "eid")
 
 
-def claim_doc(c: Claim, now: float) -> dict[str, Any]:
-    """A claim as the JSON document every command prints (token included: it is the caller's)."""
+def claim_doc(c: Claim, now: float | Now) -> dict[str, Any]:
+    """A claim as the JSON document every command prints (token included: it is the caller's).
+    ``expires_in`` is told by the clock that decides expiry when ``now`` is a Now."""
+    from .._reads import lease_left
+
     data = c.to_dict(with_token=True)
     for key in _DOC_HIDDEN:
         data.pop(key, None)
-    data["expires_in"] = None if c.expires_at is None else round(c.expires_at - now, 3)
+    left = lease_left(c.expires_at, c.boot_deadline, c.deadline_boot, now)
+    data["expires_in"] = None if left is None else round(left, 3)
     return data
 
 
-def data_doc(data: dict[str, Any], now: float) -> dict[str, Any]:
+def data_doc(data: dict[str, Any], now: float | Now) -> dict[str, Any]:
     """claim_doc() made in place from a dict of Registry.claims_data() (new, with every
     optional member): the same members in the same form (a cold `claims --json` does this for
     every claim of the registry)."""
+    from .._reads import lease_left
+
+    left = lease_left(data["expires_at"], data.get("boot_deadline"),
+                      data.get("deadline_boot") or "", now)
     pop = data.pop
     for key in _DOC_HIDDEN:
         pop(key, None)
-    expires = data["expires_at"]
-    data["expires_in"] = None if expires is None else round(expires - now, 3)
+    data["expires_in"] = None if left is None else round(left, 3)
     return data
 
 

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..core.durations import relative
-from .args import AddParser, Handler, dur, registry
+from .args import AddParser, Handler, dur, reader, registry
 from .output import EXIT_OK, exit_code, show_claim
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ def cmd_claim_next(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_ready(args: argparse.Namespace, out: Out) -> int:
-    tasks = registry(args).ready(labels=args.labels)
+    tasks = reader(args).ready(labels=args.labels)
     if out.json:
         out.doc([_task_doc(t) for t in tasks])
         return EXIT_OK
@@ -165,7 +165,7 @@ def cmd_ready(args: argparse.Namespace, out: Out) -> int:
 
 def cmd_tasks(args: argparse.Namespace, out: Out) -> int:
     """Every queued task with its readiness, in hand-out order (also ``claims --tasks``)."""
-    reg = registry(args)
+    reg = reader(args)
     items = reg.tasks(status=args.status or None)
     if out.json:
         out.doc([_status_doc(s) for s in items])

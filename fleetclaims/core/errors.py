@@ -335,7 +335,8 @@ class StoreUnavailable(FleetclaimsError):
 
     code = "unavailable"
 
-    def __init__(self, where: str, reason: str, *, committed: bool | None = False) -> None:
+    def __init__(self, where: str, reason: str, *, committed: bool | None = False,
+                 hint: str | None = None) -> None:
         self.where = where
         self.reason = reason
         self.committed = committed
@@ -346,12 +347,101 @@ class StoreUnavailable(FleetclaimsError):
         }[committed]
         super().__init__(
             f"store {where} unavailable: {reason}; {state}.",
-            hint="Check that the server is running and reachable, then retry.",
+            hint=hint or "Check that the server is running and reachable, then retry.",
+        )
+
+
+class StoreReadOnly(StoreUnavailable):
+    """The database server accepts only reads (a hot standby, a read-only database)."""
+
+    code = "read_only"
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(where, reason, hint="Point the URL at the primary server (a standby "
+                         "serves reads only), or lift the database's read-only setting.")
+
+
+class StoreOverloaded(StoreUnavailable):
+    """The database server (or its pooler) has no connection free for us."""
+
+    code = "too_many_connections"
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(where, reason, hint="Retry later; for many clients put PgBouncer "
+                         "(transaction pooling) in front, or raise max_connections or the "
+                         "role's CONNECTION LIMIT.")
+
+
+class SchemaMismatch(UnsafeRegistry):
+    """The registry's schema is missing, or newer than this fleetclaims understands."""
+
+    code = "schema_mismatch"
+
+    def __init__(self, where: str, reason: str, *, hint: str) -> None:
+        super().__init__(where, reason, hint=hint)
+
+
+class RegistryNotFound(ValidationError):
+    """There is no registry where one must already exist (a read, ``merge``, ``migrate
+    --from``, ``create=False``); nothing was created there. A mistyped location is an
+    argument error, so this is a ValidationError (field ``registry``)."""
+
+    code = "no_registry"
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.field = "registry"
+        self.path = path
+        self.reason = reason
+        FleetclaimsError.__init__(
+            self,
+            f"no registry at {path}: {reason}; nothing was created there.",
+            hint="Check the path (--dir, FLEETCLAIMS_DIR); a registry is created by the first "
+            "write (claim, add ...) to a directory that does not exist yet.",
+        )
+
+
+class AccessDenied(FleetclaimsError):
+    """The operating system or the database refused access (file permissions, a PostgreSQL
+    role without rights on the schema)."""
+
+    code = "access_denied"
+
+    def __init__(self, where: str, reason: str, *, hint: str | None = None) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(
+            f"access to {where} denied: {reason}; nothing was written.",
+            hint=hint or "Check the permissions of the registry's files (or the database "
+            "role's rights), then retry.",
+        )
+
+
+class MissingDependency(FleetclaimsError):
+    """An optional dependency this operation needs is not installed."""
+
+    code = "missing_dependency"
+
+    def __init__(self, module: str, feature: str, install: str) -> None:
+        self.module = module
+        self.feature = feature
+        self.install = install
+        super().__init__(
+            f"{feature} needs the Python package {module!r}, which is not installed.",
+            hint=f"Install it: {install}",
         )
 
 
 def _preview(value: object) -> str:
-    text = repr(value)
+    """``value`` shortened for a message; never fails (a 10**5000 int or a list nested
+    100,000 deep has no repr)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 190:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, str) and len(value) > 200:
+        value = value[:200]
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return f"a {type(value).__name__}"
     return text if len(text) <= 60 else text[:57] + "..."
 
 

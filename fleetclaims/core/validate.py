@@ -19,6 +19,15 @@ TTL_MAX = 24 * 3600.0
 DEFAULT_TTL = 600.0
 PRIORITY_MIN = -1_000_000
 PRIORITY_MAX = 1_000_000
+JSON_DEPTH_MAX = 16
+#: the largest PID any supported system hands out (Linux's PID_MAX_LIMIT, 2**22; macOS stops
+#: at 99,998): a larger number cannot name a process, so a claim made for it would be stale
+#: at once
+PID_MAX = 2**22
+#: event sequence numbers and cursors are signed 64-bit integers in every store
+SEQ_MAX = 2**63 - 1
+#: timestamps (seconds since the epoch) accepted as filters: up to the year 10000
+TIMESTAMP_MAX = 253_402_300_800.0
 
 _TASK_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+#=,~-]*\Z")
 _OWNER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+~-]*\Z")
@@ -27,10 +36,17 @@ _TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{16,256}\Z")
 # C0/C1 controls except tab and newline, plus the bidirectional overrides and isolates that
 # make text display differently from what it is ("Trojan Source").
 _BAD_TEXT_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# A lone surrogate is not Unicode text: no UTF-8 encoder accepts it. It reaches us from a JSON
+# "\\ud800" escape, or from a command-line argument that was not valid UTF-8 (Python decodes
+# undecodable bytes to surrogates, PEP 383).
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+SURROGATE_REASON = ("contains a lone surrogate or bytes that are not UTF-8 (text must be valid "
+                    "Unicode)")
 
 
 def task(value: Any) -> str:
-    return _ident("task", value, _TASK_RE, TASK_MAX, "letters, digits and . _ : / @ + # = , ~ -")
+    return _ident("task", value, _TASK_RE, TASK_MAX,
+                  "ASCII letters, digits and . _ : / @ + # = , ~ -")
 
 
 LABEL_MAX = 64
@@ -75,15 +91,15 @@ def event_types(value: Any, known: frozenset[str]) -> frozenset[str] | None:
 
 
 def label(value: Any) -> str:
-    return _ident("label", value, _OWNER_RE, LABEL_MAX, "letters, digits and . _ : @ + ~ -")
+    return _ident("label", value, _OWNER_RE, LABEL_MAX, "ASCII letters, digits and . _ : @ + ~ -")
 
 
 def owner(value: Any, field: str = "owner") -> str:
-    return _ident(field, value, _OWNER_RE, OWNER_MAX, "letters, digits and . _ : @ + ~ -")
+    return _ident(field, value, _OWNER_RE, OWNER_MAX, "ASCII letters, digits and . _ : @ + ~ -")
 
 
 def phase(value: Any) -> str:
-    return _ident("phase", value, _PHASE_RE, PHASE_MAX, "lower-case letters, digits, _ and -")
+    return _ident("phase", value, _PHASE_RE, PHASE_MAX, "lower-case ASCII letters, digits, _ and -")
 
 
 def token(value: Any) -> str:
@@ -100,9 +116,15 @@ def text(field: str, value: Any, limit: int = NOTE_MAX) -> str | None:
         raise ValidationError(field, "must be a string", value=value)
     if len(value) > limit:
         raise ValidationError(field, f"longer than {limit} characters", value=value)
+    _check_chars(field, value)
+    return value
+
+
+def _check_chars(field: str, value: str) -> None:
+    if _SURROGATE_RE.search(value):
+        raise ValidationError(field, SURROGATE_REASON)
     if _BAD_TEXT_RE.search(value):
         raise ValidationError(field, "contains control or bidirectional-override characters")
-    return value
 
 
 def reason(value: Any) -> str | None:
@@ -125,12 +147,12 @@ def ttl(value: Any, *, allow_none: bool = False) -> float | None:
         raise ValidationError("ttl", "is required")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValidationError("ttl", "must be a number of seconds", value=value)
-    seconds = float(value)
-    if not math.isfinite(seconds) or not TTL_MIN <= seconds <= TTL_MAX:
+    # Compared before float(): float(10**400) raises OverflowError.
+    if not (isinstance(value, int) or math.isfinite(value)) or not TTL_MIN <= value <= TTL_MAX:
         raise ValidationError(
             "ttl", f"must be between {TTL_MIN:g}s and {TTL_MAX:g}s (24h)", value=value
         )
-    return seconds
+    return float(value)
 
 
 def priority(value: Any) -> int:
@@ -143,49 +165,132 @@ def priority(value: Any) -> int:
     return value
 
 
+def process(value: Any) -> bool | int:
+    """Whose death makes a claim stale: True (the caller), False (none) or a PID that can
+    exist (1 to PID_MAX)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and 1 <= value <= PID_MAX:
+        return value
+    raise ValidationError("process", f"must be True, False or a PID from 1 to {PID_MAX}",
+                          value=value)
+
+
+def cursor(field: str, value: Any) -> int:
+    """An event sequence number used as a cursor (``after``): 0 to 2**63-1."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEQ_MAX:
+        raise ValidationError(field, f"must be an integer from 0 to {SEQ_MAX}", value=value)
+    return value
+
+
+def timestamp(field: str, value: Any) -> float | None:
+    """An optional time filter: seconds since the epoch, finite, from 0 to the year 10000."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValidationError(field, "must be a number of seconds since the epoch", value=value)
+    if not (isinstance(value, int) or math.isfinite(value)) or not 0 <= value <= TIMESTAMP_MAX:
+        raise ValidationError(
+            field, f"must be seconds since the epoch from 0 to {TIMESTAMP_MAX:.0f}", value=value)
+    return float(value)
+
+
+def json_text(field: str, text: str) -> Any:
+    """``text`` parsed as JSON (a command-line ``--metadata``), refused before parsing when it
+    nests deeper than JSON_DEPTH_MAX: the parser recurses and would raise RecursionError."""
+    _check_text_depth(field, text)
+    import json
+
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise ValidationError(field, "is not valid JSON", value=text) from None
+
+
+def _check_text_depth(field: str, text: str) -> None:
+    if len(text) > 4 * JSON_MAX:  # whitespace may pad it, but not without bound
+        raise ValidationError(field, f"longer than {4 * JSON_MAX} characters")
+    if json_nesting_exceeds(text, JSON_DEPTH_MAX):
+        raise ValidationError(field, f"nested deeper than {JSON_DEPTH_MAX} levels")
+
+
+def json_nesting_exceeds(text: str, limit: int) -> bool:
+    """Whether the JSON text ``text`` opens more than ``limit`` nested arrays or objects: told
+    by a scan that skips strings, so a parser that recurses is never handed it."""
+    depth, in_string, escaped = 0, False, False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
 def json_value(field: str, value: Any, *, mapping: bool = False) -> Any:
-    """A JSON-compatible value of bounded size (metadata, result)."""
+    """A JSON-compatible value of bounded size (metadata, result): checked by an iterative walk
+    (no recursion limit to reach, work bounded by JSON_MAX) before it is encoded."""
     if value is None:
         return None
     if mapping and not isinstance(value, dict):
         raise ValidationError(field, "must be a mapping of strings to JSON values", value=value)
+    _walk_json(field, value)
     import json  # here: a cold command without metadata does not pay for importing it
 
-    try:
-        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False, sort_keys=True)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise ValidationError(field, f"is not plain JSON ({exc})") from None
+    encoded = json.dumps(value, allow_nan=False, ensure_ascii=False, sort_keys=True)
     if len(encoded.encode()) > JSON_MAX:
         raise ValidationError(field, f"larger than {JSON_MAX} bytes as JSON")
-    if _too_big_int(value):
-        raise ValidationError(field, "holds an integer outside the signed 64-bit range")
-    if _depth(value) > 16:
-        raise ValidationError(field, "nested deeper than 16 levels")
-    if _BAD_TEXT_RE.search(encoded):
-        raise ValidationError(field, "contains control or bidirectional-override characters")
     # Round-trip so the stored value is exactly what JSON gives back (tuples become lists).
     return json.loads(encoded)
 
 
-def _too_big_int(value: Any) -> bool:
-    # JSON allows any integer; our encoders (and PostgreSQL's jsonb) stop at 64 bits.
-    if isinstance(value, int) and not isinstance(value, bool):
-        return not -(2**63) <= value < 2**63
-    if isinstance(value, dict):
-        return any(_too_big_int(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_too_big_int(v) for v in value)
-    return False
-
-
-def _depth(value: Any, level: int = 0) -> int:
-    if level > 16:
-        return level
-    if isinstance(value, dict):
-        return max((_depth(v, level + 1) for v in value.values()), default=level + 1)
-    if isinstance(value, list):
-        return max((_depth(v, level + 1) for v in value), default=level + 1)
-    return level
+def _walk_json(field: str, value: Any) -> None:
+    """Every member of ``value`` is plain JSON: str keys, finite numbers, 64-bit integers,
+    valid text, at most JSON_DEPTH_MAX levels; stops once JSON_MAX is surely exceeded."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    budget = JSON_MAX  # every member costs at least one byte of JSON
+    while stack:
+        item, level = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise ValidationError(field, f"larger than {JSON_MAX} bytes as JSON")
+        if isinstance(item, str):
+            budget -= len(item)
+            if budget < 0:
+                raise ValidationError(field, f"larger than {JSON_MAX} bytes as JSON")
+            _check_chars(field, item)
+        elif item is None or isinstance(item, bool):
+            pass
+        elif isinstance(item, int):
+            # JSON allows any integer; our encoders (and PostgreSQL's jsonb) stop at 64 bits.
+            if not -(2**63) <= item < 2**63:
+                raise ValidationError(field, "holds an integer outside the signed 64-bit range")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValidationError(field, "holds NaN or an infinity, which JSON cannot carry")
+        elif isinstance(item, (dict, list, tuple)):
+            if level >= JSON_DEPTH_MAX:
+                raise ValidationError(field, f"nested deeper than {JSON_DEPTH_MAX} levels")
+            if isinstance(item, dict):
+                for key, member in item.items():
+                    if not isinstance(key, str):
+                        raise ValidationError(field, "has a key that is not a string", value=key)
+                    stack.append((key, level + 1))
+                    stack.append((member, level + 1))
+            else:
+                stack.extend((member, level + 1) for member in item)
+        else:
+            raise ValidationError(field, f"is not plain JSON (holds a {type(item).__name__})")
 
 
 def _ident(field: str, value: Any, pattern: re.Pattern[str], limit: int, allowed: str) -> str:

@@ -1,0 +1,165 @@
+"""The stdio wire of ``fleetclaims mcp``: every line the client sends gets an answer.
+
+The SDK's stdio transport decodes undecodable bytes to U+FFFD and drops a line that is not a
+JSON-RPC message without answering it, and a request holding a lone surrogate (``"\\ud800"``)
+is never answered at all: the client waits forever. ``Wire`` stands in for both ends of the
+SDK's transport (its ``stdin``/``stdout`` parameters) and screens each line first: what the
+SDK cannot take is answered here, with a JSON-RPC error (-32700 parse error, -32600 invalid
+request, -32602 invalid params) or, for a tool call, the server's documented JSON error
+document; the session goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+#: the longest line read (a tool call is a few kilobytes; metadata is capped at 16 KiB)
+LINE_MAX = 4 * 1024 * 1024
+#: the deepest JSON-RPC message accepted: the envelope plus 16 levels of metadata, with room
+NESTING_MAX = 64
+
+PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS = -32700, -32600, -32602
+
+#: what to answer a tool call refused before the SDK saw it: a field and a reason in,
+#: the tool result (a JSON-RPC ``result`` member) out
+ToolRefusal = Callable[[str, str], dict[str, Any]]
+
+
+class Wire:
+    """Both ends of the stdio wire (see the module's docstring)."""
+
+    def __init__(self, refuse_tool: ToolRefusal, stdin: BinaryIO | None = None,
+                 stdout: BinaryIO | None = None) -> None:
+        self._refuse_tool = refuse_tool
+        self._in = stdin if stdin is not None else sys.stdin.buffer
+        self._out = stdout if stdout is not None else sys.stdout.buffer
+        self._lock = threading.Lock()  # the SDK's writer and this screen both answer
+
+    # --- the SDK's stdin: lines it can take ---------------------------------------------------
+
+    def __aiter__(self) -> Wire:
+        return self
+
+    async def __anext__(self) -> str:
+        import anyio
+
+        while True:
+            line = await anyio.to_thread.run_sync(self._next_line)
+            if line is None:
+                raise StopAsyncIteration
+            if line:
+                return line
+
+    def _next_line(self) -> str | None:
+        """The next line for the SDK; "" when this one was answered here; None at the end."""
+        raw = self._in.readline(LINE_MAX + 1)
+        if not raw:
+            return None
+        if len(raw) > LINE_MAX and not raw.endswith(b"\n"):
+            while raw and not raw.endswith(b"\n"):  # drop the rest of the line
+                raw = self._in.readline(LINE_MAX)
+            self._send(rpc_error(None, INVALID_REQUEST,
+                                 f"Invalid Request: a line longer than {LINE_MAX} bytes"))
+            return ""
+        reply = screen(raw, self._refuse_tool)
+        if reply is None:
+            return raw.decode("utf-8")
+        if reply:
+            self._send(reply)
+        return ""
+
+    # --- the SDK's stdout ---------------------------------------------------------------------
+
+    async def write(self, text: str) -> None:
+        import anyio
+
+        await anyio.to_thread.run_sync(self._write, text)
+
+    async def flush(self) -> None:
+        return None  # every write is flushed
+
+    def _write(self, text: str) -> None:
+        # backslashreplace: a lone surrogate becomes the JSON escape it came from, never a
+        # UnicodeEncodeError that would stop the writer (and every later answer).
+        data = text.encode("utf-8", "backslashreplace")
+        with self._lock:
+            self._out.write(data)
+            self._out.flush()
+
+    def _send(self, message: dict[str, Any]) -> None:
+        self._write(json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n")
+
+
+def rpc_error(ident: Any, code: int, message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
+
+
+def screen(raw: bytes, refuse_tool: ToolRefusal) -> dict[str, Any] | None:
+    """None when the SDK can take the line ``raw``; else the reply to send ({}: none)."""
+    from ..core.validate import SURROGATE_REASON, json_nesting_exceeds
+
+    stripped = raw.strip()
+    if not stripped:
+        return {}
+    try:
+        text = stripped.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return rpc_error(None, PARSE_ERROR, f"Parse error: the line is not UTF-8 ({exc.reason} "
+                         f"at byte {exc.start})")
+    if json_nesting_exceeds(text, NESTING_MAX):
+        return rpc_error(None, PARSE_ERROR, f"Parse error: nested deeper than {NESTING_MAX}")
+    try:
+        message = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return rpc_error(None, PARSE_ERROR, f"Parse error: {exc}")
+    if not isinstance(message, dict):
+        return rpc_error(None, INVALID_REQUEST, "Invalid Request: a message is one JSON object "
+                         "(batches are not supported)")
+    ident = message.get("id")
+    if isinstance(ident, bool) or not isinstance(ident, (str, int)):
+        ident = None
+    where = surrogate_at(message)
+    if where is not None:
+        if ident is None:
+            # A notification or a response: JSON-RPC answers neither; nothing was done.
+            return {} if "id" not in message else rpc_error(
+                None, INVALID_REQUEST, f"Invalid Request: {where} {SURROGATE_REASON}")
+        if message.get("method") == "tools/call" and where.startswith("params.arguments."):
+            field = where[len("params.arguments."):]
+            return {"jsonrpc": "2.0", "id": ident, "result": refuse_tool(field, SURROGATE_REASON)}
+        return rpc_error(ident, INVALID_PARAMS, f"Invalid params: {where} {SURROGATE_REASON}")
+    from mcp.types import jsonrpc_message_adapter
+
+    try:
+        jsonrpc_message_adapter.validate_json(text, by_name=False)
+    except Exception:  # pydantic's ValidationError, or whatever else refuses the message
+        return rpc_error(ident, INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 request, "
+                         "notification or response")
+    return None
+
+
+def surrogate_at(message: Any) -> str | None:
+    """Where (a dotted path) ``message`` holds a lone surrogate, in a key or a string; None
+    when it holds none. Iterative: the nesting was bounded by the caller anyway."""
+    stack: list[tuple[str, Any]] = [("", message)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= ch <= "\udfff" for ch in item):
+                return path or "message"
+        elif isinstance(item, dict):
+            for key, value in item.items():
+                here = f"{path}.{key}" if path else str(key)
+                if any("\ud800" <= ch <= "\udfff" for ch in key):
+                    return (f"{path}.<key>" if path else "<key>")
+                stack.append((here, value))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", value) for i, value in enumerate(item))
+    return None
+
+
+__all__ = ["Wire", "rpc_error", "screen", "surrogate_at"]

@@ -1,27 +1,42 @@
-"""PostgreSQL-backed throughput beside the file store and the SQLite peer.
+"""fleetclaims on PostgreSQL against a bare psycopg peer doing the same claim + release.
 
-    .venv/bin/python bench/pg_bench.py              # 3 s windows
-    .venv/bin/python bench/pg_bench.py --seconds 10 --procs 1 4 8
+    .venv/bin/python bench/pg_bench.py                       # 4 rounds of 3 s windows, 1 and 4 procs
+    .venv/bin/python bench/pg_bench.py --rounds 6 --procs 4 --peers bare unprepared advisory
+    .venv/bin/python bench/pg_bench.py --others              # also the file store and SQLite
 
-Workload (the same for every system): each process loops claim + release on its own share of 20
-tasks for a fixed window; 1 and 4 processes started together by a barrier. Reported: operations
-per second (a claim and a release are two operations), for durability "full" (PostgreSQL
-synchronous_commit on / SQLite synchronous=FULL / the file store's fdatasync) and "process"
-(synchronous_commit off / NORMAL / no fsync).
+Workload: each process loops claim + release on its own share of 20 tasks for a fixed window;
+the processes of one run start together (a barrier). Reported: operations per second (a claim
+and a release are two operations), durability "full" (synchronous_commit on, the server runs
+with fsync on).
 
-The PostgreSQL server is a throwaway one started here (as in the tests: tests/pg_server.py,
-fsync on, 127.0.0.1 only), unless --url names an existing database.
+The bare peer is what a user would write with psycopg 3 instead of fleetclaims: per operation
+one transaction of one conditional upsert (claim: insert or take over a row that is not live;
+release: end the row if the token matches) and one audit insert that takes its sequence number
+from a one-row counter (so writers serialise on one row, as fleetclaims' head row serialises
+them: a gap-free journal). Variants (``--peers``): ``bare`` (psycopg's defaults: statements
+prepared after 5 runs), ``unprepared`` (nothing prepared, as fleetclaims runs for PgBouncer's
+sake), ``advisory`` (serialised on a transaction advisory lock and a sequence instead of the
+counter row).
+
+Systems run interleaved, round after round, so a noisy machine hurts them alike; medians with
+the [min-max] range over the rounds, and the median of the per-round ratios fleetclaims/bare.
+The PostgreSQL server is a throwaway one started here (tests/pg_server.py: fsync on,
+127.0.0.1 only), unless --url names an existing database.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import multiprocessing as mp
 import os
+import secrets
+import statistics
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,32 +45,96 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 N_TASKS = 20
-SQLITE_SYNC = {"full": "FULL", "process": "NORMAL"}
+TTL = 600.0
+
+PEER_SCHEMA = """
+CREATE SCHEMA IF NOT EXISTS {s};
+CREATE TABLE IF NOT EXISTS {s}.counter (id int PRIMARY KEY, seq bigint NOT NULL);
+INSERT INTO {s}.counter VALUES (1, 0) ON CONFLICT DO NOTHING;
+CREATE SEQUENCE IF NOT EXISTS {s}.audit_seq;
+CREATE TABLE IF NOT EXISTS {s}.claims (task text PRIMARY KEY, owner text NOT NULL,
+    token_hash text NOT NULL, fence bigint NOT NULL, state text NOT NULL,
+    claimed_at float8 NOT NULL, expires_at float8);
+CREATE TABLE IF NOT EXISTS {s}.audit (seq bigint PRIMARY KEY, ts float8 NOT NULL,
+    type text NOT NULL, task text NOT NULL, owner text NOT NULL, fence bigint NOT NULL,
+    line text NOT NULL);
+"""
 
 
-def _loop(system: str, where: str, durability: str, index: int, procs: int, seconds: float,
-          start: Any, out: Any) -> None:
-    tasks = [f"task-{i}" for i in range(N_TASKS) if i % procs == index]
-    owner = f"bench-{index}"
+class BarePeer:
+    """claim / release in plain psycopg 3: one conditional upsert + one audit insert each."""
+
+    def __init__(self, url: str, schema: str, variant: str) -> None:
+        import psycopg
+
+        threshold = None if variant == "unprepared" else 5
+        self.conn = psycopg.connect(url, prepare_threshold=threshold)
+        s = f'"{schema}"'
+        self.claim_sql = (
+            f"INSERT INTO {s}.claims AS c VALUES (%(task)s, %(owner)s, %(th)s, 1, 'active', "
+            "extract(epoch FROM clock_timestamp()), extract(epoch FROM clock_timestamp()) + "
+            "%(ttl)s) ON CONFLICT (task) DO UPDATE SET owner = EXCLUDED.owner, token_hash = "
+            "EXCLUDED.token_hash, fence = c.fence + 1, state = 'active', claimed_at = "
+            "EXCLUDED.claimed_at, expires_at = EXCLUDED.expires_at WHERE c.state <> 'active' "
+            "OR c.expires_at < EXCLUDED.claimed_at RETURNING fence")
+        self.release_sql = (
+            f"UPDATE {s}.claims SET state = 'released' WHERE task = %(task)s AND "
+            "token_hash = %(th)s AND state = 'active' RETURNING fence")
+        if variant == "advisory":
+            self.audit_sql = (
+                f"WITH l AS (SELECT pg_advisory_xact_lock(42)) INSERT INTO {s}.audit "
+                f"SELECT nextval('{s}.audit_seq'), extract(epoch FROM clock_timestamp()), "
+                "%(type)s, %(task)s, %(owner)s, %(fence)s, %(line)s FROM l")
+        else:
+            self.audit_sql = (
+                f"WITH h AS (UPDATE {s}.counter SET seq = seq + 1 WHERE id = 1 RETURNING seq) "
+                f"INSERT INTO {s}.audit SELECT h.seq, extract(epoch FROM clock_timestamp()), "
+                "%(type)s, %(task)s, %(owner)s, %(fence)s, %(line)s FROM h")
+
+    def _op(self, sql: str, kind: str, task: str, owner: str, th: str) -> int:
+        args = {"task": task, "owner": owner, "th": th, "ttl": TTL}
+        with self.conn.transaction():
+            row = self.conn.execute(sql, args).fetchone()
+            if row is None:
+                raise RuntimeError(f"{kind} of {task} refused")
+            line = f'{{"type":"{kind}","task":"{task}","owner":"{owner}","fence":{row[0]}}}'
+            self.conn.execute(self.audit_sql, {**args, "type": kind, "fence": row[0],
+                                               "line": line})
+        return int(row[0])
+
+    def cycle(self, task: str, owner: str) -> None:
+        th = hashlib.sha256(secrets.token_urlsafe(24).encode()).hexdigest()
+        self._op(self.claim_sql, "claim_created", task, owner, th)
+        self._op(self.release_sql, "claim_released", task, owner, th)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _cycler(system: str, where: str, owner: str) -> tuple[Callable[[str], None], Callable[[], None]]:
+    if system.startswith("peer-"):
+        url, schema = where.split("#")
+        peer = BarePeer(url, schema, system[5:])
+        return (lambda task: peer.cycle(task, owner)), peer.close
     if system == "sqlite":
         from sqlite_peer import SqliteRegistry
 
-        db = SqliteRegistry(os.path.join(where, "claims.db"),
-                            synchronous=SQLITE_SYNC[durability])
+        db = SqliteRegistry(os.path.join(where, "claims.db"), synchronous="FULL")
+        return (lambda task: db.release(task, token=db.claim(task, owner=owner).token)), db.close
+    from fleetclaims import Registry
 
-        def cycle(task: str) -> None:
-            db.release(task, token=db.claim(task, owner=owner).token)
+    reg = Registry(where, durability="full")
 
-        close = db.close
-    else:
-        from fleetclaims import Registry
+    def cycle(task: str) -> None:
+        reg.release(task, token=reg.claim(task, owner=owner, ttl=TTL).token or "")
 
-        reg = Registry(where, durability=durability)  # type: ignore[arg-type]
+    return cycle, reg.close
 
-        def cycle(task: str) -> None:
-            reg.release(task, token=reg.claim(task, owner=owner, ttl=600).token or "")
 
-        close = reg.close
+def _loop(system: str, where: str, index: int, procs: int, seconds: float, start: Any,
+          out: Any) -> None:
+    tasks = [f"task-{i}" for i in range(N_TASKS) if i % procs == index]
+    cycle, close = _cycler(system, where, f"bench-{index}")
     cycle(tasks[0])  # connect / open before the clock starts
     start.wait()
     done = 0
@@ -69,12 +148,12 @@ def _loop(system: str, where: str, durability: str, index: int, procs: int, seco
     out.put(2 * done / elapsed)
 
 
-def run(system: str, where: str, durability: str, procs: int, seconds: float) -> float:
+def run(system: str, where: str, procs: int, seconds: float) -> float:
     ctx = mp.get_context("spawn")
     start = ctx.Barrier(procs)
     out = ctx.Queue()
-    workers = [ctx.Process(target=_loop, args=(system, where, durability, i, procs, seconds,
-                                               start, out)) for i in range(procs)]
+    workers = [ctx.Process(target=_loop, args=(system, where, i, procs, seconds, start, out))
+               for i in range(procs)]
     for w in workers:
         w.start()
     rates = [out.get(timeout=seconds + 120) for _ in workers]
@@ -85,13 +164,42 @@ def run(system: str, where: str, durability: str, procs: int, seconds: float) ->
     return float(sum(rates))
 
 
+def _where(system: str, url: str, tmp: Path) -> str:
+    """A fresh registry (schema, directory) for one run of ``system``."""
+    tag = uuid.uuid4().hex[:8]
+    if system == "fleetclaims":
+        return f"{url}?schema=bench_{tag}"
+    if system.startswith("peer-"):
+        import psycopg
+
+        schema = f"peer_{tag}"
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(PEER_SCHEMA.format(s=f'"{schema}"').encode())
+        return f"{url}#{schema}"
+    path = tmp / f"{system}-{tag}"
+    path.mkdir(parents=True)
+    return str(path / "reg") if system == "file" else str(path)
+
+
+def _summary(values: list[float]) -> str:
+    return f"{statistics.median(values):>7.0f} [{min(values):.0f}-{max(values):.0f}]"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--peers", nargs="+", default=["bare"],
+                        choices=["bare", "unprepared", "advisory"])
+    parser.add_argument("--others", action="store_true",
+                        help="also the file store and the SQLite peer")
     parser.add_argument("--url", help="an existing postgresql:// database (default: a "
                         "throwaway server)")
     args = parser.parse_args()
+    systems = ["fleetclaims", *(f"peer-{p}" for p in args.peers)]
+    if args.others:
+        systems += ["file", "sqlite"]
 
     server = None
     url = args.url
@@ -102,33 +210,27 @@ def main() -> None:
         url = server.create_database("bench")
     tmp = Path(tempfile.mkdtemp(prefix="fleetclaims-pgbench-"))
     try:
-        print(f"claim+release ops/s, {N_TASKS} tasks, {args.seconds:g} s windows "
-              f"({os.cpu_count()} CPUs)")
-        print(f"{'durability':<10} {'procs':>5} {'postgres':>10} {'file':>10} {'sqlite':>10}")
-        for durability in ("full", "process"):
-            for procs in args.procs:
-                tag = uuid.uuid4().hex[:8]
-                row = {
-                    "postgres": run("fleetclaims", f"{url}?schema=bench_{tag}", durability,
-                                    procs, args.seconds),
-                    "file": run("fleetclaims", str(tmp / f"file-{tag}"), durability, procs,
-                                args.seconds),
-                    "sqlite": run("sqlite", str(_mkdir(tmp / f"sqlite-{tag}")), durability,
-                                  procs, args.seconds),
-                }
-                print(f"{durability:<10} {procs:>5} {row['postgres']:>10.0f} "
-                      f"{row['file']:>10.0f} {row['sqlite']:>10.0f}", flush=True)
+        print(f"claim+release ops/s, durability full (fsync on), {N_TASKS} tasks, "
+              f"{args.seconds:g} s windows, {args.rounds} rounds interleaved, "
+              f"{os.cpu_count()} CPUs; median [min-max]")
+        for procs in args.procs:
+            results: dict[str, list[float]] = {name: [] for name in systems}
+            for _ in range(args.rounds):
+                for name in systems:
+                    results[name].append(run(name, _where(name, url, tmp), procs,
+                                             args.seconds))
+            ratios = [f / b for f, b in zip(results["fleetclaims"], results[systems[1]],
+                                            strict=True)]
+            cells = "  ".join(f"{name} {_summary(v)}" for name, v in results.items())
+            print(f"procs {procs}: {cells}  ratio fleetclaims/{systems[1]} "
+                  f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]",
+                  flush=True)
     finally:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
         if server is not None:
             server.destroy()
-
-
-def _mkdir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 if __name__ == "__main__":

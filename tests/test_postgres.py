@@ -159,15 +159,34 @@ def test_lease_time_is_the_servers_clock(pg: str) -> None:
 
 
 def test_durability_maps_to_synchronous_commit(pg: str) -> None:
-    """full -> synchronous_commit on; process -> off, for the store's session."""
+    """full -> synchronous_commit on; process -> off, set for each transaction (SET LOCAL),
+    so the session keeps the server's defaults between transactions (PgBouncer-safe)."""
     for durability, expected in (("full", "on"), ("process", "off")):
-        store = PostgresStore(pg, durability=durability)
+        reg = Registry(pg, durability=durability)  # type: ignore[arg-type]
+        store = reg.store
+        assert isinstance(store, PostgresStore)
+        seen: list[tuple[str, str, str]] = []
+
+        def look(point: str, store: PostgresStore = store, seen: list[Any] = seen) -> None:
+            if point == "pg.after_lock":
+                conn = store._connection()
+                seen.append(conn.execute(
+                    "SELECT current_setting('synchronous_commit'), "
+                    "current_setting('lock_timeout'), "
+                    "current_setting('statement_timeout')").fetchone())
+
+        faults.set_crash_hook(look)
         try:
-            store.read()
-            conn = store._connection()
-            assert conn.execute("SHOW synchronous_commit").fetchone() == (expected,)
+            reg.claim(f"t-{durability}", owner="a")
         finally:
-            store.close()
+            faults.set_crash_hook(None)
+        assert seen and seen[0][0] == expected and seen[0][1] != "0"
+        assert seen[0][2] != "0"
+        after = store._connection().execute(
+            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+        ).fetchone()
+        assert after == ("0", "0")  # nothing outlived the transaction
+        reg.close()
 
 
 def test_lock_timeout_gives_registry_busy(pg: str) -> None:

@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 
-from ...core.errors import RegistryCorrupt, StoreUnavailable, ValidationError
+from ...core.errors import AccessDenied, SchemaMismatch, StoreUnavailable, ValidationError
 from ...core.model import GENESIS
 
 SCHEMA_VERSION = 3
@@ -201,6 +201,14 @@ class Queries:
         )
         self.claims = f"SELECT task, data::text FROM {s}.claims ORDER BY task"
         self.task = f"SELECT data::text FROM {s}.tasks WHERE task = %s"
+        # The claim rows of several tasks (their JSON only where it differs from the copy the
+        # caller has), and task rows: fetched with the head lock in one round trip.
+        self.claims_of = (
+            "SELECT c.task, CASE WHEN c.seq = k.seq AND c.data->>'eid' = k.eid THEN NULL "
+            "ELSE c.data::text END FROM unnest(%s::text[], %s::bigint[], %s::text[]) "
+            f"AS k(task, seq, eid) JOIN {s}.claims c ON c.task = k.task"
+        )
+        self.tasks_of = f"SELECT task, data::text FROM {s}.tasks WHERE task = ANY(%s::text[])"
         self.tasks = f"SELECT task, data::text FROM {s}.tasks ORDER BY task"
         self.dependants = f"SELECT task FROM {s}.tasks WHERE data->'depends_on' ? %s"
         self.candidates = _candidates(s)
@@ -267,11 +275,12 @@ def installed_version(conn: psycopg.Connection[Any], s: str) -> int:
 def check_version(version: int, schema: str, location: str) -> None:
     """Refuse a schema newer than this fleetclaims understands."""
     if version > SCHEMA_VERSION:
-        raise RegistryCorrupt(
+        raise SchemaMismatch(
             location,
             f"schema {schema!r} is at version {version}, newer than this fleetclaims "
             f"understands ({SCHEMA_VERSION})",
-            hint="Upgrade fleetclaims on this machine.",
+            hint="Upgrade fleetclaims on this machine; it never writes to a schema it does "
+            "not understand.",
         )
 
 
@@ -306,12 +315,17 @@ def migrate(conn: psycopg.Connection[Any], schema: str, location: str) -> int:
                 )
                 current = version
     except psycopg.errors.InsufficientPrivilege as exc:
-        raise StoreUnavailable(
+        raise AccessDenied(
             location,
-            f"not allowed to create schema {schema!r}: {describe(exc)} (ask the "
-            "database owner to run `fleetclaims db migrate` or grant CREATE)",
-            committed=False,
+            f"not allowed to create or upgrade schema {schema!r}: {describe(exc)}",
+            hint="Ask the database owner to run `fleetclaims db migrate` with this URL, or to "
+            "GRANT this role CREATE on the database.",
         ) from None
+    except psycopg.errors.ReadOnlySqlTransaction as exc:
+        from ...core.errors import StoreReadOnly
+
+        raise StoreReadOnly(location, f"cannot create schema {schema!r}: {describe(exc)}") \
+            from None
     except psycopg.Error as exc:
         raise StoreUnavailable(location, describe(exc), committed=False) from None
     return current

@@ -1,20 +1,33 @@
 """The PostgreSQL store: the same registry, journal and hash chain, shared between machines.
 
 The schema (tables, versions, upgrades, statements) is in ``schema.py``; the claim and task
-views the core decides over, by composition over SQL rows, are in ``tables.py``.
+views the core decides over, by composition over SQL rows, are in ``tables.py``; connections,
+bounded waits and typed errors are in ``connection.py``.
 
-One operation is one transaction: lock the head row, read the clock of the database server (so
-workstations with skewed clocks agree on leases), read the task rows the decision asks for, let
-``core`` decide, insert the audit rows, upsert the changed claim rows, advance the head, commit.
+One operation is one transaction of two round trips, the core deciding in between (the one
+decision path; nothing of the rules in SQL):
 
-Failures are typed. Nothing can have committed before COMMIT is sent, so a connection lost
-before then (a server restart, a dropped network) is retried on a new connection while the
-``lock_timeout`` budget lasts, then reported as ``StoreUnavailable(committed=False)``. A
-connection lost during COMMIT is resolved by reconnecting and looking for our own first audit
-line (behind the head lock, so an in-flight commit of the old session finishes first): found
-means the change committed and the call succeeds, absent means it did not and the operation is
-retried; unresolvable gives ``StoreUnavailable(committed=None)``. Lock and statement timeouts
-give ``RegistryBusy``.
+1. pipelined: BEGIN, this transaction's settings (SET LOCAL), lock the head row (serialises
+   writers) and read the server's clock, and read the claim and task rows the decision will
+   look at (guessed by ``foresight.py``; a row it did not guess is read on demand);
+2. pipelined: insert the sealed audit rows, upsert the changed claim and task rows, advance
+   the head, COMMIT.
+
+Measured alternatives (bench/pg_bench.py, README): a transaction-level advisory lock instead
+of the head row lock saves nothing (the head row is updated anyway, so its lock is taken
+either way); sealing lines server-side would need the chain's hashing in SQL, a second copy of
+``core/chain.py``, for no round trip saved (the head must be read before deciding anyway).
+
+No ambiguous outcome reaches the caller. Nothing can have committed before the second round
+trip is sent, so a connection lost before then (a server restart, a dropped network) is
+retried on a new connection while the ``lock_timeout`` budget lasts, then reported as
+``StoreUnavailable(committed=False)``. A connection lost once the second round trip is on its
+way is resolved by reconnecting (waiting for a restarting server up to the budget again) and
+looking for our own first audit line, behind the head lock (so an in-flight commit of the old
+session finishes first): found means the change committed and the call returns its result,
+absent means it did not and the operation runs again (its tokens were minted by the client,
+so the retry is the same request). Only a server that stays unreachable for that whole
+second budget leaves the outcome unknown (``committed=None``).
 """
 
 from __future__ import annotations
@@ -34,7 +47,6 @@ from ...core import events as ev
 from ...core.chain import ChainError, envelope, seal
 from ...core.errors import (
     FleetclaimsError,
-    RegistryBusy,
     RegistryCorrupt,
     StoreUnavailable,
     ValidationError,
@@ -47,6 +59,8 @@ from ...system import Clock, SystemClock
 from ..base import SCHEMA_MIGRATIONS, SERVER_CLOCK, SHARED, Capabilities, Decide, VerifyReport
 from ..file.faults import crash_point
 from ..file.journal import apply_checked, check_link, parse_line
+from . import connection as pgc
+from .foresight import foresee
 from .schema import (
     DEFAULT_SCHEMA,
     SCHEMA_VERSION,
@@ -61,20 +75,23 @@ from .tables import PgClaimView, PgTaskView
 
 PAGE = 2000  # audit rows fetched per round trip when streaming the journal
 MAX_ATTEMPTS = 5  # safe retries of one operation (nothing committed) before giving up
-IDLE_IN_TRANSACTION_S = 30  # the server ends a session stuck inside a transaction this long
 CACHE_MAX = 10_000  # claims kept per process between operations (re-checked by seq and eid)
 
-_LOST_STATES = ("08", "57P")  # connection exceptions; admin/crash shutdown, cannot connect now
-_RETRY_STATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
-_BUSY_STATES = frozenset({"55P03", "57014"})  # lock_timeout, statement_timeout
+#: where tests may crash the server or lose the connection (``faults.set_crash_hook``)
+PG_CRASH_POINTS = (
+    "pg.after_lock",  # head locked, rows read; nothing written
+    "pg.before_commit",  # decided; the writes and COMMIT not yet sent
+    "pg.commit_answer",  # COMMIT answered; a hook that raises here plays a lost answer
+)
 
 
 class _Retry(Exception):
-    """Internal: the attempt failed before anything could commit; run the operation again."""
+    """Internal: the attempt did not commit; run the operation again."""
 
-    def __init__(self, error: FleetclaimsError) -> None:
+    def __init__(self, error: FleetclaimsError, *, fresh: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
+        self.fresh = fresh  # the outcome was just resolved: one more attempt is worth it
 
 
 class PostgresStore:
@@ -110,6 +127,9 @@ class PostgresStore:
         self._schema_ok = False
         self._in_txn = False
         self._cache: dict[str, Claim] = {}
+        self._head: tuple[int, int, str, str] = (0, 0, GENESIS, "")  # the last one seen
+        self._wall = 0.0  # the server's clock at the last transaction
+        self._watchdog = pgc.Watchdog()
         self._s = f'"{self.schema}"'
         self.sql = Queries(self._s)
 
@@ -119,31 +139,10 @@ class PostgresStore:
     def sync(self) -> bool:
         return self.durability == "full"
 
-    def _connect(self) -> psycopg.Connection[Any]:
-        timeout = self.connect_timeout
-        if timeout is None:
-            timeout = min(max(self.lock_timeout, 2.0), 10.0)
-        conn = psycopg.connect(
-            self.conninfo,
-            autocommit=True,
-            connect_timeout=max(2, int(timeout)),
-            application_name="fleetclaims",
-        )
-        try:
-            lock_ms = max(1, int(self.lock_timeout * 1000))
-            conn.execute(
-                "SELECT set_config('synchronous_commit', %s, false), "
-                "set_config('lock_timeout', %s, false), "
-                "set_config('statement_timeout', %s, false), "
-                "set_config('idle_in_transaction_session_timeout', %s, false), "
-                "set_config('client_encoding', 'UTF8', false)",
-                ("on" if self.sync else "off", f"{lock_ms}ms",
-                 f"{lock_ms + 30_000}ms", f"{IDLE_IN_TRANSACTION_S * 1000}ms"),
-            )
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+    @property
+    def budget(self) -> float:
+        """Seconds one operation may wait in all (FLEETCLAIMS_LOCK_TIMEOUT, lock_timeout=)."""
+        return max(self.lock_timeout, 1.0)
 
     def _connection(self, deadline: float | None = None) -> psycopg.Connection[Any]:
         """The open connection of this process, (re)connecting until ``deadline``."""
@@ -158,21 +157,40 @@ class PostgresStore:
             return conn
         self._drop_connection()
         if deadline is None:
-            deadline = time.monotonic() + max(self.lock_timeout, 1.0)
+            deadline = time.monotonic() + self.budget
         delay = 0.05
         while True:
+            left = deadline - time.monotonic()
             try:
-                conn = self._connect()
+                conn = pgc.connect(self.conninfo, self.connect_timeout or max(left, 0.1))
                 break
             except psycopg.OperationalError as exc:
+                typed = pgc.connect_error(self.location, exc)
+                if typed is not None and not isinstance(typed, StoreUnavailable):
+                    raise typed from None
                 if time.monotonic() + delay >= deadline:
-                    raise StoreUnavailable(self.location, describe(exc), committed=False) from None
+                    raise typed or StoreUnavailable(self.location, describe(exc)) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
         self._conn = conn
         if not self._schema_ok:
-            self._ensure_schema(conn)
+            self._watchdog.arm(conn, max(deadline, time.monotonic() + 1.0) + pgc.GRACE_S)
+            try:
+                self._ensure_schema(conn)
+            except psycopg.Error as exc:
+                self._drop_connection()
+                raise self._typed(exc) from None
+            finally:
+                self._watchdog.disarm()
         return conn
+
+    def _typed(self, exc: psycopg.Error) -> FleetclaimsError:
+        if self._watchdog.fired:
+            return StoreUnavailable(self.location, f"the server did not answer within "
+                                    f"{self.budget:g}s ({describe(exc)})")
+        if (exc.sqlstate or "") in pgc.MISSING_STATES:
+            self._schema_ok = False
+        return pgc.typed(self.location, exc, self.budget)
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
@@ -214,7 +232,7 @@ class PostgresStore:
 
     def transact(self, decide: Decide) -> tuple[Decision, State]:
         with self._mutex:
-            deadline = time.monotonic() + max(self.lock_timeout, 1.0)
+            deadline = time.monotonic() + self.budget
             attempt = 0
             while True:
                 attempt += 1
@@ -223,8 +241,11 @@ class PostgresStore:
                     return self._attempt(conn, decide, deadline)
                 except _Retry as retry:
                     self._drop_connection()
-                    if attempt >= MAX_ATTEMPTS or time.monotonic() >= deadline:
+                    if attempt >= MAX_ATTEMPTS or (
+                            time.monotonic() >= deadline and not retry.fresh):
                         raise retry.error from None
+                    if retry.fresh:  # the server is back: give the retry a budget of its own
+                        deadline = max(deadline, time.monotonic() + self.budget)
                     time.sleep(min(0.05 * attempt, max(0.0, deadline - time.monotonic())))
 
     def _attempt(
@@ -232,53 +253,39 @@ class PostgresStore:
     ) -> tuple[Decision, State]:
         committing = False
         first: tuple[int, str] | None = None  # (seq, line) of our first audit row
+        guess = foresee(decide, self.sql, self._cache, self._head, self._wall)
         self._in_txn = True
+        self._watchdog.arm(conn, deadline + pgc.GRACE_S)
         try:
-            conn.execute("BEGIN")
-            row = conn.execute(self.sql.head_lock).fetchone()
-            if row is None:
-                raise RegistryCorrupt(self.location, "the head row of the journal is missing")
-            seq, head, fence, origin, server_wall = row
-            if self.server_clock or self.clock is None:
-                now = Now(wall=float(server_wall), boot=None, boot_id="")
-            else:
-                now = self.clock.now()
-            wall = now.wall
-            table = PgClaimView(self)
-            tasks = PgTaskView(self)
-            state = State(table, int(seq), int(fence), str(head), str(origin), tasks)
+            table, tasks, now = self._begin(conn, guess.claims, guess.tasks, deadline)
+            crash_point("pg.after_lock")
+            seq, fence, head, origin = self._head
+            state = State(table, seq, fence, head, origin, tasks)
             rows: list[tuple[Any, ...]] = []
             if state.seq == 0:  # a new registry: its first event names it
                 created = {"type": ev.REGISTRY_CREATED, "origin": secrets.token_hex(8),
                            "actor": "fleetclaims"}
-                rows += self._seal_apply(state, [created], float(wall))
+                rows += self._seal_apply(state, [created], now.wall)
             decision = decide(state, now)
             if decision.events:
-                rows += self._seal_apply(state, list(decision.events), float(wall))
+                rows += self._seal_apply(state, list(decision.events), now.wall)
             if not rows:
                 conn.execute("ROLLBACK")
                 self._remember(table)
                 return decision, state
             first = (int(rows[0][0]), str(rows[0][-1]))
-            upserts = [self._claim_row(table, task) for task in sorted(table.dirty)]
-            cur = conn.cursor()
-            for audit_row in rows:
-                cur.execute(self.sql.audit_insert, audit_row)
-            for claim_row in upserts:
-                cur.execute(self.sql.claim_upsert, claim_row)
-            for task_row in self._task_rows(tasks):
-                cur.execute(self.sql.task_upsert, task_row)
-            cur.execute(self.sql.head_update, (state.seq, state.head, state.fence, state.origin))
             crash_point("pg.before_commit")
-            committing = True
-            conn.execute("COMMIT")
+            committing = True  # from here a lost connection leaves the outcome to be found
+            self._write(conn, rows, table, tasks, state)
+            crash_point("pg.commit_answer")
             committing = False
+            self._head = (state.seq, state.fence, state.head, state.origin)
             self._remember(table)
-            crash_point("pg.after_commit")
             return decision, state
         except psycopg.Error as exc:
             failure = self._failure(conn, exc, committing, first, deadline)
             if failure is None:  # the COMMIT whose answer we lost did commit
+                self._head = (state.seq, state.fence, state.head, state.origin)
                 self._remember(table)
                 return decision, state
             raise failure from None
@@ -286,7 +293,64 @@ class PostgresStore:
             self._abandon(conn)
             raise
         finally:
+            self._watchdog.disarm()
             self._in_txn = False
+
+    def _begin(
+        self, conn: psycopg.Connection[Any], claims: list[str], task_names: list[str],
+        deadline: float,
+    ) -> tuple[PgClaimView, PgTaskView, Now]:
+        """Round trip 1: begin, set this transaction's limits, lock the head, read the rows
+        the decision is expected to look at; one message of statements (simple protocol)."""
+        settings, params = pgc.local_settings(self.sync, deadline - time.monotonic())
+        cached = [self._cache.get(task) for task in claims]
+        batch = pgc.Batch(conn)
+        batch.add("BEGIN")
+        batch.add(settings, params)
+        batch.add(self.sql.head_lock)
+        if claims:
+            batch.add(self.sql.claims_of, (claims, [c.seq if c else -1 for c in cached],
+                                           [c.eid if c else "" for c in cached]))
+        if task_names:
+            batch.add(self.sql.tasks_of, (task_names,))
+        results = batch.run()
+        row = results[2][0] if results[2] else None
+        if row is None:
+            raise RegistryCorrupt(self.location, "the head row of the journal is missing")
+        seq, head, fence, origin, server_wall = row
+        self._head = (int(seq), int(fence), str(head), str(origin))
+        self._wall = float(server_wall)
+        if self.server_clock or self.clock is None:
+            now = Now(wall=float(server_wall), boot=None, boot_id="")
+        else:
+            now = self.clock.now()
+        table = PgClaimView(self)
+        tasks = PgTaskView(self)
+        if claims:
+            found: dict[str, Claim] = {}
+            for task, data in results[3]:
+                hit = self._cache.get(task) if data is None else None
+                found[task] = hit or self._claim_from(task, _object(self.location, task, data))
+                self._cache_put(task, found[task])
+            table.preload(claims, found)
+        if task_names:
+            tasks.preload(task_names, {str(t): orjson.loads(d) for t, d in results[-1]})
+        return table, tasks, now
+
+    def _write(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]],
+               table: PgClaimView, tasks: PgTaskView, state: State) -> None:
+        """Round trip 2: the audit rows, the changed claim and task rows, the head, COMMIT;
+        one message of statements."""
+        batch = pgc.Batch(conn)
+        for audit_row in rows:
+            batch.add(self.sql.audit_insert, audit_row)
+        for task in sorted(table.dirty):
+            batch.add(self.sql.claim_upsert, self._claim_row(table, task))
+        for task_row in self._task_rows(tasks):
+            batch.add(self.sql.task_upsert, task_row)
+        batch.add(self.sql.head_update, (state.seq, state.head, state.fence, state.origin))
+        batch.add("COMMIT")
+        batch.run()
 
     def _seal_apply(
         self, state: State, events: Iterable[dict[str, Any]], ts: float
@@ -337,82 +401,84 @@ class PostgresStore:
         """Turn a database error into a typed error or a safe retry (``_Retry``); None when
         the connection was lost during COMMIT and the transaction turns out to have committed."""
         state = exc.sqlstate or ""
-        lost = conn.closed or conn.broken or state.startswith(_LOST_STATES) or (
-            isinstance(exc, psycopg.OperationalError) and not state
-        )
-        if not lost:
+        if not pgc.is_lost(conn, exc):
             self._abandon(conn)
             # The server answered with an error, so the transaction (COMMIT included) did
             # not commit.
-            if state in _BUSY_STATES:
-                return RegistryBusy(self.location, self.lock_timeout, "another writer")
-            if state in _RETRY_STATES or state == "23505":
-                return _Retry(RegistryBusy(self.location, self.lock_timeout, describe(exc)))
-            if state in ("42P01", "3F000"):
-                self._schema_ok = False
-                return RegistryCorrupt(self.location, f"the registry tables are missing: "
-                                       f"{describe(exc)}",
-                                       hint="Run `fleetclaims db migrate` (the journal is gone "
-                                       "if the schema was dropped).")
-            return StoreUnavailable(self.location, describe(exc), committed=False)
+            if state in pgc.RETRY_STATES or state == "23505":
+                return _Retry(pgc.typed(self.location, exc, self.budget))
+            return self._typed(exc)
+        reason = describe(exc)
+        if self._watchdog.fired:
+            reason = f"the server did not answer within {self.budget:g}s ({reason})"
         self._drop_connection()
         if not committing:
-            # The session died before COMMIT was sent: the server rolled it back.
-            return _Retry(StoreUnavailable(self.location, describe(exc), committed=False))
+            # The session died before the writes were sent: the server rolled it back.
+            return _Retry(StoreUnavailable(self.location, reason, committed=False))
         assert first is not None
-        outcome = self._resolve_commit(first, deadline)
+        outcome = self._resolve_commit(first)
         if outcome is True:
             return None
         if outcome is False:
-            return _Retry(StoreUnavailable(self.location, describe(exc), committed=False))
-        return StoreUnavailable(self.location, f"connection lost during COMMIT "
-                                f"({describe(exc)})", committed=None)
+            return _Retry(StoreUnavailable(self.location, reason, committed=False), fresh=True)
+        return StoreUnavailable(
+            self.location, f"the connection was lost during COMMIT ({reason}) and the server "
+            f"stayed unreachable for {self.budget:g}s more", committed=None,
+            hint="Retry the same call once the server is back (claim with the same token= "
+            "returns the claim if it was granted).")
 
-    def _resolve_commit(self, first: tuple[int, str], deadline: float) -> bool | None:
-        """After losing the connection during COMMIT: did our transaction commit?"""
+    def _resolve_commit(self, first: tuple[int, str]) -> bool | None:
+        """After losing the connection during COMMIT: did our transaction commit? Waits for a
+        restarting server up to the budget."""
         seq, line = first
-        try:
-            conn = self._connection(max(deadline, time.monotonic() + 2.0))
-        except FleetclaimsError:
-            return None
-        try:
-            with conn.transaction():
-                # Behind the head lock: if the old session is still committing, we wait for it.
-                conn.execute(self.sql.head_lock).fetchone()
-                row = conn.execute(self.sql.line_at, (seq,)).fetchone()
-        except psycopg.Error:
-            self._drop_connection()
-            return None
-        return row is not None and row[0] == line
+        deadline = time.monotonic() + self.budget
+        while True:
+            try:
+                conn = self._connection(deadline)
+            except FleetclaimsError:
+                return None
+            self._watchdog.arm(conn, deadline + pgc.GRACE_S)
+            try:
+                with conn.transaction():
+                    # Behind the head lock: if the old session is still committing, we wait
+                    # for it to finish.
+                    conn.execute(self.sql.head_lock).fetchone()
+                    row = conn.execute(self.sql.line_at, (seq,)).fetchone()
+                return row is not None and row[0] == line
+            except psycopg.Error:
+                self._drop_connection()
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.05)
+            finally:
+                self._watchdog.disarm()
 
     # --- reading -----------------------------------------------------------------------------
 
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run one read-only statement. Inside a write transaction it runs there (errors go to
         the transaction's handler); otherwise on its own, reconnecting while the lock_timeout
-        budget lasts when the connection was lost (a read is always safe to repeat)."""
+        budget lasts when the connection was lost (a read is always safe to repeat), and cut
+        off by the watchdog when the server does not answer within the budget."""
         with self._mutex:
             if self._in_txn:
                 return self._require_conn().execute(sql, params).fetchall()
-            deadline = time.monotonic() + max(self.lock_timeout, 1.0)
+            deadline = time.monotonic() + self.budget
             while True:
                 conn = self._connection(deadline)
+                self._watchdog.arm(conn, deadline + pgc.GRACE_S)
                 try:
                     return conn.execute(sql, params).fetchall()
                 except psycopg.Error as exc:
-                    state = exc.sqlstate or ""
-                    lost = conn.closed or conn.broken or state.startswith(_LOST_STATES)
-                    if lost:
+                    if pgc.is_lost(conn, exc):
+                        error = self._typed(exc)
                         self._drop_connection()
                         if time.monotonic() < deadline:
                             continue
-                    if state in _BUSY_STATES:
-                        raise RegistryBusy(self.location, self.lock_timeout,
-                                           "a slow query") from None
-                    if state in ("42P01", "3F000"):
-                        self._schema_ok = False
-                    raise StoreUnavailable(self.location, describe(exc),
-                                           committed=False) from None
+                        raise error from None
+                    raise self._typed(exc) from None
+                finally:
+                    self._watchdog.disarm()
 
     def fetch_claim(self, task: str) -> Claim | None:
         """The committed claim row of ``task``; the row's JSON is sent and parsed only when it
@@ -425,10 +491,7 @@ class PostgresStore:
         data = rows[0][0]
         if data is None and cached is not None:
             return cached
-        loaded = orjson.loads(data)
-        if not isinstance(loaded, dict):
-            raise RegistryCorrupt(self.location, f"claim row {task!r} is not an object")
-        claim = self._claim_from(task, loaded)
+        claim = self._claim_from(task, _object(self.location, task, data))
         self._cache_put(task, claim)
         return claim
 
@@ -573,6 +636,13 @@ class PostgresStore:
             finally:
                 self._in_txn = False
             return state.seq
+
+
+def _object(where: str, task: str, data: str) -> dict[str, Any]:
+    loaded = orjson.loads(data)
+    if not isinstance(loaded, dict):
+        raise RegistryCorrupt(where, f"claim row {task!r} is not an object")
+    return loaded
 
 
 def _audit_row(event: dict[str, Any], digest: str, line: str) -> tuple[Any, ...]:

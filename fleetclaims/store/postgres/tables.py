@@ -55,6 +55,16 @@ class PgClaimView:
         self._absent.clear()
         self._complete = True
 
+    def preload(self, asked: list[str], found: dict[str, Claim]) -> None:
+        """Take the rows fetched with the head lock: ``found`` by task; the rest of ``asked``
+        do not exist."""
+        for task in asked:
+            claim = found.get(task)
+            if claim is None:
+                self._absent.add(task)
+            else:
+                self._table[task] = claim
+
     def get(self, task: str) -> Claim | None:
         if task in self._table:
             return self._table.get(task)
@@ -129,6 +139,16 @@ class PgTaskView:
             self._table.put_raw(str(task), orjson.loads(data))
         self._absent.clear()
         self._complete = True
+
+    def preload(self, asked: list[str], found: dict[str, Any]) -> None:
+        """Take the task rows fetched with the head lock (``found``: task -> row data); the
+        rest of ``asked`` are not in the queue."""
+        for task in asked:
+            data = found.get(task)
+            if data is None:
+                self._absent.add(task)
+            else:
+                self._table.put_raw(task, data)
 
     def get(self, task: str) -> Task | None:
         if task in self._table:

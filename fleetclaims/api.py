@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import math
 import os
-import sys
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import _reads
+from . import _open, _reads
 from ._lease import Lease
 from ._reads import OwnerStats, Stats
 from .core import events as ev
@@ -17,9 +15,6 @@ from .core import queue, rules, validate
 from .core.chain import token_hash
 from .core.errors import (
     AccessDenied,
-    FleetclaimsError,
-    MissingDependency,
-    RegistryNotFound,
     ValidationError,
 )
 from .core.model import UNKNOWN_VERDICT, Claim, Identity, Now, Verdict
@@ -72,12 +67,12 @@ class Registry:
                 raise ValidationError(name, "must be True or False", value=flag)
         if schema is not None and not isinstance(schema, str):
             raise ValidationError("schema", "must be a string", value=schema)
-        lock_timeout = _lock_timeout(lock_timeout)
+        lock_timeout = _open.lock_timeout(lock_timeout)
         self.clock: Clock = clock or SystemClock()
         self.prober: Prober = prober or SystemProber()
         if allow_unsafe_fs is None:
             allow_unsafe_fs = os.environ.get("FLEETCLAIMS_ALLOW_UNSAFE_FS", "") not in ("", "0")
-        self.store = store if store is not None else _open_store(
+        self.store = store if store is not None else _open.open_store(
             path, durability=durability, lock_timeout=lock_timeout, clock=self.clock,
             schema=schema, allow_unsafe_fs=allow_unsafe_fs, create=create)
         self.location = self.store.location
@@ -159,6 +154,8 @@ class Registry:
         ``process`` names the owner process whose death makes the claim stale before its lease
         ends: True (default) this process, an int another PID, False none (lease only)."""
         task = validate.task(task)
+        take_stale = validate.flag("take_stale", take_stale)
+        preempt = validate.flag("preempt", preempt)
         raw, grant = self._grant(owner, token, ttl, priority=priority, note=note,
                                  metadata=metadata, process=process)
 
@@ -197,7 +194,7 @@ class Registry:
         """Give the task up. True when a live claim was released; False when there was nothing
         live to release. ``force=True`` releases whoever holds it and records ``reason``."""
         task = validate.task(task)
-        if force:
+        if validate.flag("force", force):
             why = validate.required_reason(reason, "say why you release someone's claim")
             who = validate.owner(actor, "actor")
             decision, _ = self._run(lambda s, now: rules.decide_force_release(s, task, who, why))
@@ -335,6 +332,7 @@ class Registry:
         id) carrying every label in ``labels``; None when nothing is ready. With
         ``take_stale``, a stale claim of an otherwise ready task counts as ready."""
         wanted = frozenset(validate.names("labels", labels, validate.label))
+        take_stale = validate.flag("take_stale", take_stale)
         raw, grant = self._grant(owner, None, ttl, note=note, metadata=metadata,
                                  process=process)
 
@@ -357,7 +355,7 @@ class Registry:
               labels: Iterable[str] | None = None) -> list[queue.TaskStatus]:
         """Every queued task with its readiness, in hand-out order (priority number, age,
         id); filtered to the given readiness states and to tasks carrying every label."""
-        wanted = None if status is None else set(status)
+        wanted = None if status is None else set(validate.names("status", status, str))
         if wanted is not None and not wanted <= set(queue.READINESS_ORDER):
             raise ValidationError("status", "must be among " + ", ".join(queue.READINESS_ORDER),
                                   value=sorted(wanted))
@@ -386,6 +384,7 @@ class Registry:
     def sweep(self, *, dry_run: bool = False, actor: str = "sweeper") -> SweepReport:
         """Record ``lease_expired`` for every claim whose lease ran out or whose owner is dead."""
         who = validate.owner(actor, "actor")
+        dry_run = validate.flag("dry_run", dry_run)
 
         def decide(state: State, now: Now) -> Decision:
             return rules.decide_sweep(state, now, lambda c: self._verdict(c), who)
@@ -456,7 +455,7 @@ class Registry:
         include_released: bool = False,
     ) -> list[Claim]:
         """Claims sorted by task: live ones, plus expired/completed/released when asked."""
-        owner = None if owner is None else validate.owner(owner)
+        owner = _listing(owner, include_expired, include_completed, include_released)
         return _reads.listed_claims(self.store.read(), self._now(), owner, include_expired,
                                     include_completed, include_released)
 
@@ -470,16 +469,18 @@ class Registry:
         """``claims()`` as persisted dicts (sorted by task), without building Claim objects for
         snapshot entries nothing has touched: what a cold ``fleetclaims claims --json`` needs.
         Each dict is new (yours to change) and has every optional member (None when unset)."""
-        owner = None if owner is None else validate.owner(owner)
+        owner = _listing(owner, include_expired, include_completed, include_released)
         return _reads.listed_data(self.store.read(), self._now(), owner, include_expired,
                                   include_completed, include_released)
 
     def is_stale(self, claim: Claim) -> str | None:
         """Why ``claim`` may be taken over now, or None."""
+        _claim_arg(claim)
         return rules.stale_reason(claim, self._now(), self._verdict(claim))
 
     def verdict(self, claim: Claim) -> Verdict:
         """The liveness verdict of the claim's owner process."""
+        _claim_arg(claim)
         return self.prober.verdict(claim.identity)
 
     def stats(self) -> Stats:
@@ -543,90 +544,18 @@ class Registry:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-#: the files of which one at least is in every file registry that was ever opened for writing
-REGISTRY_MARKERS = ("audit.jsonl", "claims.json", "claims.lock")
-LOCK_TIMEOUT_MAX = 24 * 3600.0
-
-
-def _lock_timeout(value: object) -> float:
-    """``lock_timeout`` (else FLEETCLAIMS_LOCK_TIMEOUT, else 10 s) as seconds, typed."""
-    field = "lock_timeout"
-    if value is None:
-        text = os.environ.get("FLEETCLAIMS_LOCK_TIMEOUT", "").strip()
-        if not text:
-            return 10.0
-        field = "FLEETCLAIMS_LOCK_TIMEOUT"
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValidationError(field, "must be a number of seconds, e.g. 10 or 0.5",
-                                  value=text) from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        isinstance(value, int) or math.isfinite(value)
-    ) or not 0 <= value <= LOCK_TIMEOUT_MAX:
-        raise ValidationError(field, f"must be a number of seconds from 0 to "
-                              f"{LOCK_TIMEOUT_MAX:g}", value=value)
-    return float(value)
+def _listing(owner: object, *flags: object) -> str | None:
+    """The arguments of a listing, typed: an owner (or None) and the include_* flags."""
+    for name, value in zip(("include_expired", "include_completed", "include_released"), flags,
+                           strict=True):
+        validate.flag(name, value)
+    return None if owner is None else validate.owner(owner)
 
 
-def _open_store(
-    path: str | os.PathLike[str] | None, *, durability: str, lock_timeout: float,
-    clock: Clock, schema: str | None, allow_unsafe_fs: bool, create: bool,
-) -> Store:
-    """The store at ``path`` (a directory or a postgresql:// URL; None: the default one)."""
-    from .location import is_url, resolve
-
-    location = resolve(path)
-    if is_url(location):
-        try:
-            from .store.postgres.store import PostgresStore
-        except ModuleNotFoundError as exc:
-            if not (exc.name or "").startswith("psycopg"):
-                raise
-            raise MissingDependency("psycopg", "a postgresql:// registry",
-                                    "pip install 'fleetclaims[postgres]'") from None
-        return PostgresStore(location, clock=clock, durability=durability,
-                             lock_timeout=lock_timeout, schema=schema)
-    if not create:
-        require_registry(location)
-    from .store.file.store import FileStore
-
-    return FileStore(location, clock=clock, durability=durability, lock_timeout=lock_timeout,
-                     allow_unsafe_fs=allow_unsafe_fs, create=create)
-
-
-def typed_store_error(exc: BaseException) -> FleetclaimsError | None:
-    """The typed error for an OS permission failure or a PostgreSQL error that escaped a store
-    (a role without rights on the schema ...), or None."""
-    if isinstance(exc, PermissionError):
-        return AccessDenied(exc.filename or "a registry file", exc.strerror or str(exc))
-    psycopg = sys.modules.get("psycopg")  # never imported here for this
-    if psycopg is not None and isinstance(exc, psycopg.Error):
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if getattr(exc, "sqlstate", None) == "42501":  # insufficient_privilege
-            return AccessDenied("the PostgreSQL registry", reason, hint=(
-                "Ask the database owner to grant this role USAGE on the schema and SELECT, "
-                "INSERT, UPDATE on its tables (or run `fleetclaims db migrate` as the owner)."))
-        from .core.errors import StoreUnavailable
-
-        return StoreUnavailable("PostgreSQL", reason, committed=None)
-    return None
-
-
-def require_registry(location: str) -> None:
-    """Refuse (RegistryNotFound) a directory that does not hold a file registry."""
-    try:
-        names = set(os.listdir(location))
-    except FileNotFoundError:
-        raise RegistryNotFound(location, "the directory does not exist") from None
-    except NotADirectoryError:
-        raise RegistryNotFound(location, "it is a file, not a directory") from None
-    except PermissionError as exc:
-        raise AccessDenied(location, exc.strerror or "permission denied") from None
-    if not names & set(REGISTRY_MARKERS):
-        raise RegistryNotFound(location, "the directory holds no registry files ("
-                               + ", ".join(REGISTRY_MARKERS) + ")")
+def _claim_arg(claim: object) -> None:
+    if not isinstance(claim, Claim):
+        raise ValidationError("claim", "must be a Claim (from get, claims or claim)",
+                              value=claim)
 
 
 __all__ = ["Durability", "Lease", "OwnerStats", "Registry", "Stats", "new_token"]

@@ -440,3 +440,76 @@ def test_usage_errors_under_json_are_json_documents(capsys: pytest.CaptureFixtur
     assert code == 2 and "ttl" in json.loads(out)["message"]
     code, out, err = run_cli(["claim"], capsys)
     assert code == 2 and out == "" and "required" in err
+
+
+def test_output_files_are_private_whatever_the_umask(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """audit export -o and audit report --html write 0600 files even under umask 000, also
+    over an existing file that was world-readable."""
+    d = str(tmp_path / "r")
+    Registry(d).claim("t", owner="a")
+    (tmp_path / "old.csv").write_text("x")
+    (tmp_path / "old.csv").chmod(0o666)
+    old = os.umask(0)
+    try:
+        for argv in (["audit", "export", "-o", str(tmp_path / "e.jsonl")],
+                     ["audit", "export", "--format", "csv", "-o", str(tmp_path / "old.csv")],
+                     ["audit", "report", "--html", str(tmp_path / "r.html")]):
+            assert run_cli([*argv, "--dir", d], capsys)[0] == 0
+    finally:
+        os.umask(old)
+    for name in ("e.jsonl", "old.csv", "r.html"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o600, name
+    assert "claim_created" in (tmp_path / "e.jsonl").read_text()
+
+
+def test_expires_in_is_told_by_the_clock_that_decides(tmp_path: Path) -> None:
+    """After the wall clock jumps forward an hour, a lease that is live by the boot clock
+    is listed (claims --expired --json, get, the MCP summary) with the time it really has
+    left, never a negative expires_in."""
+    from fleetclaims.agents.mcp_server import _summary
+    from fleetclaims.cli.output import claim_doc, data_doc
+    from fleetclaims.testing import FakeClock, memory_registry
+
+    clock = FakeClock()
+    reg = memory_registry(clock=clock)
+    reg.claim("t", owner="a", ttl=600, process=False)
+    clock.advance(100)
+    clock.step_wall(3600)
+    now = reg.store.now()
+    [claim] = reg.claims(include_expired=True)
+    assert claim.live and reg.is_stale(claim) is None
+    [data] = reg.claims_data(include_expired=True)
+    for left in (data_doc(data, now)["expires_in"], claim_doc(claim, now)["expires_in"],
+                 _summary(claim, now)["expires_in"]):
+        assert left == pytest.approx(500, abs=0.1)
+
+
+def test_unreadable_registry_file_is_access_denied(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registry.verify() and `audit verify --json` on a registry whose claims.json cannot be
+    read: AccessDenied naming the file, no traceback (as root, which reads any file, the
+    refusal is simulated at the open)."""
+    import fleetclaims
+
+    d = tmp_path / "r"
+    reg = Registry(d)
+    reg.claim("t", owner="a")
+    reg.store.checkpoint()  # type: ignore[attr-defined]
+    reg.close()
+    (d / "claims.json").chmod(0)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        real_open = os.open
+
+        def refusing(path: object, *args: object, **kwargs: object) -> int:
+            if str(path).endswith("claims.json"):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(os, "open", refusing)
+    with pytest.raises(fleetclaims.AccessDenied, match="claims.json"):
+        Registry(d).verify()
+    code, out, err = run_cli(["audit", "verify", "--dir", str(d), "--json"], capsys)
+    assert json.loads(out)["error"] == "access_denied" and "Traceback" not in err
+    assert code == 1

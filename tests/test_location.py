@@ -54,3 +54,93 @@ def test_inside_a_repository_and_outside(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     assert git_main_worktree(outside) is None  # pytest's tmp_path is outside any repository
     assert resolve(cwd=outside).startswith(str(tmp_path / "state"))
+
+
+# --- paths that are refused, and what is (not) created (issue 18) -----------------------------
+
+
+@pytest.mark.parametrize("path", ["", "   ", "a\x00b", "~nosuchuser-fc/x", "a\udcffb", 5, b"x"])
+def test_unusable_registry_paths_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             path: object) -> None:
+    """An empty path (an unset shell variable), a NUL, an unknown user's home, a path that is
+    not valid text, or not a path at all: ValidationError, and the current directory is not
+    made a registry."""
+    import fleetclaims
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(fleetclaims.ValidationError):
+        fleetclaims.Registry(path).claim("t", owner="a")  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_only_a_write_creates_a_registry(tmp_path: Path) -> None:
+    """create=False, a read command and merge never create anything where there is no
+    registry (no stray claims.lock); a write to a directory that does not exist creates it,
+    with its .gitignore."""
+    import fleetclaims
+    from fleetclaims.cli import main
+
+    missing, plain = tmp_path / "missing", tmp_path / "plain"
+    plain.mkdir()
+    for where in (missing, plain):
+        with pytest.raises(fleetclaims.RegistryNotFound):
+            fleetclaims.Registry(where, create=False)
+        assert main(["claims", "--dir", str(where)]) == 2
+    reg = fleetclaims.Registry(tmp_path / "reg")
+    for other in (missing, plain, str(plain)):
+        with pytest.raises(fleetclaims.RegistryNotFound):
+            reg.merge(other)
+    assert not missing.exists() and list(plain.iterdir()) == []
+    reg.claim("t", owner="a")
+    assert (tmp_path / "reg" / ".gitignore").read_text().strip().endswith("*")
+    assert fleetclaims.Registry(tmp_path / "reg", create=False).get("t") is not None
+
+
+@pytest.mark.parametrize("path", [
+    "/Users/a/Library/CloudStorage/GoogleDrive-a@b.c/My Drive/repo",
+    "/Users/a/Library/CloudStorage/OneDrive-Contoso/repo",
+    "/Users/a/Library/Mobile Documents/com~apple~CloudDocs/repo",
+    "/home/a/dropbox/repo", "/home/a/DROPBOX/repo", "/home/a/Dropbox (Personal)/repo",
+    "/home/a/OneDrive - Contoso/repo", "/home/a/SynologyDrive/repo",
+    "/home/a/Synology Drive/repo", "/home/a/Google Drive/repo", "/home/a/iCloud Drive/repo",
+])
+def test_cloud_folders_are_detected(path: str) -> None:
+    """Every listed cloud-sync folder is detected, in any letter case."""
+    from fleetclaims.system import cloud_folder
+
+    assert cloud_folder(Path(path)) is not None
+
+
+def test_syncthing_folder_and_the_override(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory under a Syncthing root (.stfolder) is refused, with the override named;
+    allow_unsafe_fs=True (or FLEETCLAIMS_ALLOW_UNSAFE_FS=1) allows it; a plain directory and
+    a folder merely named like a word inside a name (my-dropboxes) are not refused."""
+    import fleetclaims
+    from fleetclaims.system import cloud_folder
+
+    monkeypatch.delenv("FLEETCLAIMS_ALLOW_UNSAFE_FS", raising=False)
+    assert cloud_folder(tmp_path / "my-dropboxes" / "x") is None
+    synced = tmp_path / "sync"
+    (synced / ".stfolder").mkdir(parents=True)
+    with pytest.raises(fleetclaims.UnsafeRegistry) as info:
+        fleetclaims.Registry(synced / "repo" / "reg").claim("t", owner="a")
+    assert "Syncthing" in str(info.value) and "FLEETCLAIMS_ALLOW_UNSAFE_FS=1" in str(info.value)
+    fleetclaims.Registry(synced / "repo" / "reg", allow_unsafe_fs=True).claim("t", owner="a")
+    monkeypatch.setenv("FLEETCLAIMS_ALLOW_UNSAFE_FS", "1")
+    assert fleetclaims.Registry(synced / "repo" / "reg").get("t") is not None
+
+
+def test_lock_timeout_from_the_environment_is_typed(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLEETCLAIMS_LOCK_TIMEOUT that is not a number of seconds from 0 to 86400 is a
+    ValidationError naming the variable; a good one is used."""
+    import fleetclaims
+
+    for bad in ("abc", "nan", "-1", "inf", "1e9"):
+        monkeypatch.setenv("FLEETCLAIMS_LOCK_TIMEOUT", bad)
+        with pytest.raises(fleetclaims.ValidationError, match="FLEETCLAIMS_LOCK_TIMEOUT"):
+            fleetclaims.Registry(tmp_path / "reg")
+    monkeypatch.setenv("FLEETCLAIMS_LOCK_TIMEOUT", " 2.5 ")
+    reg = fleetclaims.Registry(tmp_path / "reg")
+    assert reg.store.lock_timeout == 2.5  # type: ignore[attr-defined]

@@ -114,7 +114,14 @@ class ClaimsServer:
                 return _ok(op())
             except FleetclaimsError as exc:
                 return _error(exc)
-            except OSError as exc:  # the registry's files; the SDK would hide the reason
+            except Exception as exc:  # the SDK would hide the reason behind plain text
+                from .._open import typed_store_error
+
+                typed = typed_store_error(exc)
+                if typed is not None:  # a permission or database failure
+                    return _error(typed)
+                if not isinstance(exc, OSError):
+                    return _internal(exc)
                 text = json.dumps({"error": "error", "message": str(exc), "holder": None,
                                    "next_action": "Check the registry path and permissions "
                                    "(--dir), then retry."})
@@ -212,6 +219,10 @@ class ClaimsServer:
                                               "completion, e.g. {\"pr\": 17}.")] = None,
                  token: Token = None) -> CallToolResult:
         def op() -> dict[str, Any]:
+            from ..core import validate
+
+            validate.task(task)  # the arguments first: a bad result is refused as such,
+            validate.json_value("result", result)  # not as a missing token
             tok = self.token_for(task, token)
             c = self.forget_if_lost(task, lambda: self.registry.complete(task, token=tok,
                                                                          result=result))

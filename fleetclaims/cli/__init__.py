@@ -10,6 +10,7 @@ imports and builds the parser of its own group's subcommand only (``build_parser
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -198,13 +199,15 @@ def _check_arguments(argv: list[str]) -> None:
         if any("\ud800" <= ch <= "\udfff" for ch in arg):
             from ..core.validate import SURROGATE_REASON
 
-            raise ValidationError(f"argument {position}", SURROGATE_REASON,
-                                  value=arg.encode("utf-8", "surrogateescape"))
+            shown: object = arg
+            with contextlib.suppress(UnicodeEncodeError):  # the bytes as they came
+                shown = arg.encode("utf-8", "surrogateescape")
+            raise ValidationError(f"argument {position}", SURROGATE_REASON, value=shown)
 
 
 def typed_error(exc: BaseException) -> FleetclaimsError | None:
     """The typed error an OS or database failure stands for, or None for a bug."""
-    from ..api import typed_store_error
+    from .._open import typed_store_error
 
     found = typed_store_error(exc)
     if found is None and isinstance(exc, OSError):

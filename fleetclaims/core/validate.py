@@ -53,14 +53,29 @@ LABEL_MAX = 64
 NAMES_MAX = 256  # dependencies or labels of one task
 
 
+def flag(field: str, value: Any) -> bool:
+    """A yes/no argument: True or False only (a string "no" is truthy)."""
+    if not isinstance(value, bool):
+        raise ValidationError(field, "must be True or False", value=value)
+    return value
+
+
+def _bounded_list(field: str, value: Any, what: str) -> list[Any]:
+    """The first NAMES_MAX + 1 members of the iterable ``value`` (a huge one is not read
+    whole to be refused)."""
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise ValidationError(field, f"must be a list of {what}", value=value)
+    import itertools
+
+    return list(itertools.islice(value, NAMES_MAX + 1))
+
+
 def names(field: str, value: Any, check: Any = None) -> tuple[str, ...]:
     """A list of task ids (or labels): each validated, duplicates dropped, sorted, so that two
     spellings of the same set compare equal (``add`` is idempotent on identical input)."""
     if value is None:
         return ()
-    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
-        raise ValidationError(field, "must be a list of names", value=value)
-    value = list(value)
+    value = _bounded_list(field, value, "names")
     if len(value) > NAMES_MAX:
         raise ValidationError(field, f"has more than {NAMES_MAX} entries")
     one = check or task
@@ -72,8 +87,7 @@ def event_types(value: Any, known: frozenset[str]) -> frozenset[str] | None:
     error, never a filter that silently matches nothing."""
     if value is None:
         return None
-    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
-        raise ValidationError("type", "must be a list of event types", value=value)
+    value = _bounded_list("type", value, "event types")
     try:
         wanted = frozenset(value)
     except TypeError:  # an unhashable member

@@ -3,6 +3,7 @@ sizes; these are small enough for the unit suite)."""
 
 from __future__ import annotations
 
+import shutil
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -77,3 +78,60 @@ def test_doctor_work_is_linear_in_the_registry(
     assert converted <= 5, (small, large)
     assert lines <= 5, (small, large)
     assert peak <= 6, (small, large)
+
+
+def _ahead_of_a_damaged_journal(path: Path) -> None:
+    """7 claims and 4 queued tasks in the snapshot; the journal cut back to its first 2 lines."""
+    reg = Registry(path, clock=FakeClock(), prober=FakeProber())
+    for i in range(7):
+        reg.claim(f"task-{i}", owner=f"agent-{i % 2}")
+    for i in range(4):
+        reg.add(f"queued-{i}", priority=i)
+    store = reg.store
+    assert isinstance(store, FileStore)
+    store.checkpoint()
+    reg.close()
+    journal = path / "audit.jsonl"
+    lines = journal.read_bytes().rstrip(b"\0").splitlines()
+    journal.write_bytes(b"".join(line + b"\n" for line in lines[:2]))
+
+
+def _rebuilt_events(path: Path) -> int:
+    lines = (path / "audit.jsonl").read_bytes().rstrip(b"\0").splitlines()
+    return sum(b'"type":"registry_rebuilt"' in line for line in lines)
+
+
+def _records(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    reg = Registry(path)
+    try:
+        assert reg.verify().ok
+        claims = {c.task: {k: v for k, v in c.to_dict().items() if k != "seq"}
+                  for c in reg.claims()}
+        tasks = {s.task.task: (s.task.priority, s.status) for s in reg.tasks()}
+        return claims, tasks
+    finally:
+        reg.close()
+
+
+def test_a_snapshot_ahead_is_re_recorded_in_parts_that_add_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """doctor --fix re-records a snapshot ahead of the journal in events of at most
+    RECORDS_PER_EVENT records (a replay never parses one line holding every claim), and the
+    parts restore the same claims and queue as one event does."""
+    from fleetclaims.store.file import salvage
+
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    _ahead_of_a_damaged_journal(whole)
+    shutil.copytree(whole, parts)
+    assert "snapshot_ahead" in doctor.check(whole).kinds()
+    assert doctor.check(whole, fix=True).ok
+    monkeypatch.setattr(salvage, "RECORDS_PER_EVENT", 3)
+    assert doctor.check(parts, fix=True).ok
+    assert _rebuilt_events(whole) == 1
+    assert _rebuilt_events(parts) == 3  # 7 claims (and 4 tasks), 3 a part
+    assert _records(parts) == _records(whole)
+    claims, tasks = _records(parts)
+    assert sorted(claims) == [f"task-{i}" for i in range(7)]
+    assert sorted(tasks) == [f"queued-{i}" for i in range(4)]
+    assert doctor.check(parts).ok

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import secrets
 import time
@@ -140,13 +141,37 @@ def recoverable(journal: JournalScan, snapshot: Snapshot | None) -> State | None
     return state
 
 
-def _sealed_line(seq: int, fields: dict[str, Any],
-                 prev: str) -> tuple[bytes, dict[str, Any]]:
-    """One journal line for an event doctor records itself, chained after ``prev``, and the
-    event it holds."""
-    event = envelope(seq, time.time(), fields, prev)
-    line, event["hash"] = seal(orjson.dumps(event))
-    return line, event
+# Claim (and work-queue) records per registry_rebuilt event when doctor re-records a snapshot
+# that was ahead: every process that replays the journal parses a line whole, and a line of
+# 100,000 claims (64 MB) takes ~370 MB of memory to parse; 10,000 take ~37 MB. A registry with
+# no more records than this gets one event, as before.
+RECORDS_PER_EVENT = 10_000
+
+
+class _Lines:
+    """The lines doctor appends to the verified prefix, each chained after the one before and
+    applied to the verified state at once, so the state ends as the salvaged journal's (its
+    snapshot is written from it) without holding the events (one can carry many claims)."""
+
+    def __init__(self, state: State, offset: int) -> None:
+        self.state = state
+        self.seq, self.head = state.seq, state.head
+        self.offset = offset
+        self.lines: list[bytes] = []
+        self.applied = True  # False once an apply failed: the store replays and reports it
+
+    def add(self, fields: dict[str, Any]) -> None:
+        event = envelope(self.seq + 1, time.time(), fields, self.head)
+        line, self.head = seal(orjson.dumps(event))
+        event["hash"] = self.head
+        self.seq += 1
+        if self.applied:
+            try:
+                apply_checked(self.state, event, self.offset, JOURNAL)
+            except AuditCorrupt:
+                self.applied = False
+        self.offset += len(line)
+        self.lines.append(line)
 
 
 def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
@@ -157,9 +182,9 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
     fd = -1
     if journal.exists:
         fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
+    state = journal.state
+    lines = _Lines(state, journal.good_end)
     try:
-        state = journal.state
-        lines: list[tuple[bytes, dict[str, Any]]] = []
         snap_name = None
         recovered = recoverable(journal, snapshot)
         if recovered is not None and recovered.seq > state.seq:
@@ -171,19 +196,18 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
             recovered = None
         original, carried, fence_floor = _quarantine_journal(path, fd, journal)
         if snap_name is None and (carried or fence_floor > state.fence):
-            lines.append(_record_lost(journal, carried, fence_floor, original, report))
+            lines.add(_record_lost(journal, carried, fence_floor, original, report))
         if not journal.exists and recovered is None:
-            fields = {
+            lines.add({
                 "type": ev.REGISTRY_REBUILT, "actor": "doctor", "origin": secrets.token_hex(8),
                 "reason": "the journal was missing and no snapshot could restore it: a new "
                 "journal starts here; claims held before are not known to this registry",
                 "claims": [],
-            }
-            lines.append(_sealed_line(1, fields, state.head))
+            })
         if snap_name is not None and recovered is not None:
-            lines.append(_record_snapshot(journal, recovered, snap_name, original, fence_floor))
+            _record_snapshot(lines, recovered, snap_name, original, fence_floor)
         snapshot = recovered = None  # no longer needed: let them go before the snapshot below
-        end = _write_journal(path, fd, journal.good_end, [line for line, _ in lines])
+        end = _write_journal(path, fd, journal.good_end, lines.lines)
     finally:
         if fd >= 0:
             os.close(fd)
@@ -192,19 +216,12 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
         fsutil.quarantine_file(path, path / SNAPSHOT, "doctor: journal salvaged")
     # The snapshot of the salvaged journal: the verified state plus doctor's own events. (On
     # any failure the store, which checkpoints next, replays the journal and writes it.)
-    try:
-        _apply_lines(state, lines, journal.good_end)
-        return write_snapshot(path, path / SNAPSHOT, encode_snapshot(state, end), sync=True)
-    except (AuditCorrupt, OSError, FleetclaimsError):
+    if not lines.applied:
         return False
-
-
-def _apply_lines(state: State, lines: list[tuple[bytes, dict[str, Any]]], offset: int) -> None:
-    """Apply doctor's own events to ``state``, then let them go (one can hold every claim)."""
-    for line, event in lines:
-        apply_checked(state, event, offset, JOURNAL)
-        offset += len(line)
-    lines.clear()
+    try:
+        return write_snapshot(path, path / SNAPSHOT, encode_snapshot(state, end), sync=True)
+    except (OSError, FleetclaimsError):
+        return False
 
 
 def _quarantine_journal(path: Path, fd: int,
@@ -227,7 +244,7 @@ def _quarantine_journal(path: Path, fd: int,
 
 
 def _record_lost(journal: JournalScan, carried: list[Claim], fence_floor: int,
-                 original: str | None, report: DoctorReport) -> tuple[bytes, dict[str, Any]]:
+                 original: str | None, report: DoctorReport) -> dict[str, Any]:
     """Only the verified prefix is kept (DESIGN), but never silently: the claims that the
     intact lines after the break recorded are named here and in doctor's report, and the
     fence counter never goes back below a fence that was handed out, so a holder of a claim
@@ -251,27 +268,35 @@ def _record_lost(journal: JournalScan, carried: list[Claim], fence_floor: int,
                    f"quarantined journal): {shown}{more}; their holders will be told they "
                    "no longer hold them, and new claims get higher fences", WARNING,
                    lost=lost_claims[:1000]).fixed = True
-    return _sealed_line(state.seq + 1, fields, state.head)
+    return fields
 
 
-def _record_snapshot(journal: JournalScan, recovered: State, snap_name: str,
-                     original: str | None, fence_floor: int) -> tuple[bytes, dict[str, Any]]:
-    """The event re-recording the claims and work queue of a snapshot that was ahead."""
-    state = journal.state
-    fields = {
-        "type": ev.REGISTRY_REBUILT, "actor": "doctor",
-        "reason": f"the snapshot (seq {recovered.seq} with the lines chained after it) was "
-        f"ahead of the verified journal (seq {state.seq}); its claims and work queue are "
-        "re-recorded",
-        "quarantined": snap_name, "journal_quarantined": original,
-        "origin": recovered.origin, "fence_floor": max(recovered.fence, fence_floor),
-        # (each claim built afresh and let go: the recovered table stays as read)
-        "claims": sorted((c.to_dict() for _, c in claim_records(recovered.claims)),
-                         key=lambda d: str(d["task"])),
-    }
-    if len(recovered.tasks):
-        fields["tasks"] = [t.to_dict() for t in recovered.tasks.values()]
-    return _sealed_line(state.seq + 1, fields, state.head)
+def _record_snapshot(lines: _Lines, recovered: State, snap_name: str, original: str | None,
+                     fence_floor: int) -> None:
+    """The events re-recording the claims and work queue of a snapshot that was ahead: one, or
+    one per RECORDS_PER_EVENT records (applying them is an upsert of each record, so the parts
+    add up to the whole)."""
+    verified = lines.seq
+    # (each claim built afresh and let go: the recovered table stays as read)
+    records = iter(claim_records(recovered.claims))
+    tasks = iter(recovered.tasks.values())
+    parts = max(1, -(-max(len(recovered.claims), len(recovered.tasks)) // RECORDS_PER_EVENT))
+    for part in range(parts):
+        fields: dict[str, Any] = {
+            "type": ev.REGISTRY_REBUILT, "actor": "doctor",
+            "reason": f"the snapshot (seq {recovered.seq} with the lines chained after it) was "
+            f"ahead of the verified journal (seq {verified}); its claims and work queue are "
+            "re-recorded" + (f" (part {part + 1} of {parts})" if parts > 1 else ""),
+            "quarantined": snap_name, "journal_quarantined": original,
+            "origin": recovered.origin, "fence_floor": max(recovered.fence, fence_floor),
+            "claims": sorted((c.to_dict() for _, c in itertools.islice(records,
+                                                                        RECORDS_PER_EVENT)),
+                             key=lambda d: str(d["task"])),
+        }
+        chunk = [t.to_dict() for t in itertools.islice(tasks, RECORDS_PER_EVENT)]
+        if chunk:
+            fields["tasks"] = chunk
+        lines.add(fields)
 
 
 def _write_journal(path: Path, fd: int, good_end: int, extra_lines: list[bytes]) -> int:

@@ -508,7 +508,7 @@ def test_unreadable_registry_file_is_access_denied(tmp_path: Path,
             return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
 
         monkeypatch.setattr(os, "open", refusing)
-    with pytest.raises(fleetclaims.AccessDenied, match="claims.json"):
+    with pytest.raises(fleetclaims.AccessDenied, match=r"claims\.json"):
         Registry(d).verify()
     code, out, err = run_cli(["audit", "verify", "--dir", str(d), "--json"], capsys)
     assert json.loads(out)["error"] == "access_denied" and "Traceback" not in err

@@ -313,7 +313,7 @@ def test_cli_fuzz(in_tmp: Path, capsys: pytest.CaptureFixture[str], data: st.Dat
     for option, takes_value in data.draw(st.lists(st.sampled_from(options), max_size=4)
                                          if options else st.just([])):
         argv += [option, data.draw(cli_value)] if takes_value else [option]
-    argv += ["--dir", "reg"] + data.draw(st.sampled_from([[], ["--json"]]))
+    argv += ["--dir", "reg", *data.draw(st.sampled_from([[], ["--json"]]))]
     reg = fleetclaims.Registry(in_tmp / "reg")
     before = journal_digest(reg)
     code, _ = check_run(argv, capsys)
@@ -376,7 +376,7 @@ def test_internal_error_is_one_line_exit_70(in_tmp: Path, capsys: pytest.Capture
 
     monkeypatch.setitem(claims_cli.COMMANDS, "stats", broken)
     assert main(["stats", "--dir", "reg"]) == 70
-    out, err = capsys.readouterr()
+    _, err = capsys.readouterr()
     assert err.count("\n") == 1 and "Traceback" not in err
     assert "KeyError" in err and __version__ in err and "report" in err
     assert main(["stats", "--dir", "reg", "--json"]) == 70

@@ -42,7 +42,6 @@ RETRY_STATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 BUSY_STATES = frozenset({"55P03"})  # lock_not_available (lock_timeout)
 TIMEOUT_STATES = frozenset({"57014"})  # query_canceled (statement_timeout)
 MISSING_STATES = frozenset({"42P01", "3F000", "42883"})  # no table, no schema, no function
-IDLE_IN_TRANSACTION_S = 30  # the server ends a session stuck inside a transaction this long
 GRACE_S = 0.5  # how long past the budget the watchdog waits for the server's own timeout
 
 
@@ -67,14 +66,19 @@ def connect(conninfo: str, budget: float) -> psycopg.Connection[Any]:
 
 
 def local_settings(sync: bool, remaining: float) -> tuple[str, tuple[Any, ...]]:
-    """The statement that sets this transaction's settings (SET LOCAL: nothing outlives it)."""
+    """The statement that sets this transaction's settings (SET LOCAL: nothing outlives it).
+
+    The idle-in-transaction limit matters as much as the others: a client whose network died
+    while it held the head lock leaves a session that waits for its next statement; the
+    server ends it (releasing the lock) once it has idled as long as the budget, instead of
+    holding every other writer up until TCP gives up."""
     lock_ms = max(1, int(remaining * 1000))
     return (
         "SELECT set_config('synchronous_commit', %s, true), "
         "set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true), "
         "set_config('idle_in_transaction_session_timeout', %s, true)",
         ("on" if sync else "off", f"{lock_ms}ms", f"{lock_ms + int(GRACE_S * 500)}ms",
-         f"{IDLE_IN_TRANSACTION_S * 1000}ms"),
+         f"{lock_ms + int(GRACE_S * 1000)}ms"),
     )
 
 

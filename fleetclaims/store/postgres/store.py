@@ -439,14 +439,18 @@ class PostgresStore:
                 return None
             self._watchdog.arm(conn, deadline + pgc.GRACE_S)
             try:
-                with conn.transaction():
-                    # Behind the head lock: if the old session is still committing, we wait
-                    # for it to finish.
-                    conn.execute(self.sql.head_lock).fetchone()
-                    row = conn.execute(self.sql.line_at, (seq,)).fetchone()
-                return row is not None and row[0] == line
+                # Behind the head lock: if the old session is still committing, we wait for
+                # it to finish (or for the server to end it, idle in its transaction).
+                batch = pgc.Batch(conn)
+                batch.add("BEGIN")
+                batch.add(*pgc.local_settings(self.sync, deadline - time.monotonic()))
+                batch.add(self.sql.head_lock)
+                batch.add(self.sql.line_at, (seq,))
+                batch.add("ROLLBACK")
+                found = batch.run()[3]
+                return bool(found) and found[0][0] == line
             except psycopg.Error:
-                self._drop_connection()
+                self._abandon(conn)
                 if time.monotonic() >= deadline:
                     return None
                 time.sleep(0.05)

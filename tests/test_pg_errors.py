@@ -1,0 +1,116 @@
+"""PostgreSQL refusals are typed errors that say what to do: a role without privileges, a
+missing schema, a schema newer than the code, a read-only server, no connection slot free."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import psycopg
+import pytest
+from pg_server import PgServer
+
+from fleetclaims import Registry
+from fleetclaims.cli import main
+from fleetclaims.core.errors import (
+    AccessDenied,
+    SchemaMismatch,
+    StoreOverloaded,
+    StoreReadOnly,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.postgres]
+
+
+def _fresh(pg_server: PgServer) -> tuple[str, str]:
+    """(URL of a new database as the superuser, its name)."""
+    name = "e_" + uuid.uuid4().hex[:10]
+    return pg_server.create_database(name), name
+
+
+def _as(url: str, role: str) -> str:
+    return url.replace("postgresql://postgres@", f"postgresql://{role}@", 1)
+
+
+def _admin(url: str, *statements: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def test_role_without_privileges_gets_access_denied(
+        pg_server: PgServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """A role that may connect but has no rights on the registry's schema gets AccessDenied
+    (with what to grant), from the library and as a --json document from the CLI."""
+    url, _ = _fresh(pg_server)
+    Registry(url).claim("t", owner="owner")  # the owner creates the registry
+    role = "r_" + uuid.uuid4().hex[:8]
+    _admin(url, f"CREATE ROLE {role} LOGIN")
+    with pytest.raises(AccessDenied) as denied:
+        Registry(_as(url, role)).claim("u", owner="intruder")
+    assert "GRANT" in str(denied.value) and denied.value.code == "access_denied"
+    assert main(["claim", "u", "--owner", "intruder", "--dir", _as(url, role), "--json"]) == 1
+    out = capsys.readouterr().out
+    assert json.loads(out)["error"] == "access_denied"
+
+
+def test_role_that_cannot_create_the_schema_gets_access_denied(pg_server: PgServer) -> None:
+    """A registry that does not exist yet, opened by a role without CREATE: AccessDenied
+    naming `fleetclaims db migrate`, nothing created."""
+    url, _ = _fresh(pg_server)
+    role = "r_" + uuid.uuid4().hex[:8]
+    _admin(url, f"CREATE ROLE {role} LOGIN", "REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    with pytest.raises(AccessDenied, match="db migrate"):
+        Registry(_as(url, role)).claim("t", owner="a")
+
+
+def test_dropped_schema_is_a_schema_mismatch(pg_server: PgServer) -> None:
+    """The registry's schema dropped under a live handle: SchemaMismatch saying to migrate
+    (never a silent fresh registry on the same connection)."""
+    url, _ = _fresh(pg_server)
+    reg = Registry(url)
+    reg.claim("t", owner="a")
+    _admin(url, "DROP SCHEMA fleetclaims CASCADE")
+    with pytest.raises(SchemaMismatch, match="db migrate"):
+        reg.claim("u", owner="a")
+    reg.close()
+
+
+def test_newer_schema_is_refused(pg_server: PgServer) -> None:
+    """A schema migrated by a newer fleetclaims is refused with SchemaMismatch (upgrade)."""
+    url, _ = _fresh(pg_server)
+    Registry(url).claim("t", owner="a")
+    _admin(url, "INSERT INTO fleetclaims.schema_version (version, by_version) "
+           "VALUES (99, 'future')")
+    with pytest.raises(SchemaMismatch, match="Upgrade fleetclaims"):
+        Registry(url).claim("u", owner="a")
+
+
+def test_read_only_server_gets_store_read_only(pg_server: PgServer) -> None:
+    """A database that only accepts reads (as a hot standby does): writes give StoreReadOnly
+    naming the primary; reads still work."""
+    url, name = _fresh(pg_server)
+    Registry(url).claim("t", owner="a")
+    _admin(url, f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    reg = Registry(url)
+    with pytest.raises(StoreReadOnly, match="primary") as refused:
+        reg.claim("u", owner="b")
+    assert refused.value.committed is False
+    assert [c.task for c in reg.claims()] == ["t"]
+
+
+def test_no_connection_slot_gives_store_overloaded(pg_server: PgServer) -> None:
+    """A role at its connection limit gets StoreOverloaded within the lock_timeout budget."""
+    url, _ = _fresh(pg_server)
+    Registry(url).claim("t", owner="a")
+    role = "r_" + uuid.uuid4().hex[:8]
+    _admin(url, f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 1",
+           f"GRANT ALL ON SCHEMA fleetclaims TO {role}",
+           f"GRANT ALL ON ALL TABLES IN SCHEMA fleetclaims TO {role}")
+    with psycopg.connect(_as(url, role)):
+        started = time.monotonic()
+        with pytest.raises(StoreOverloaded, match="PgBouncer"):
+            Registry(_as(url, role), lock_timeout=1).claim("u", owner="b")
+        assert time.monotonic() - started < 3
+    assert Registry(_as(url, role)).claim("u", owner="b").fence == 2

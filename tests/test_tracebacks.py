@@ -274,7 +274,7 @@ def cli_cases() -> list[tuple[str, list[str]]]:
 
 
 #: the subcommands that only read: a --dir that does not exist is refused, never created
-READS = {"get", "show", "claims", "list", "stats", "ready", "tasks", "events", "explain",
+READS = {"get", "show", "claims", "list", "stats", "ready", "tasks", "events", "explain", "doctor",
          "audit", "top", "brief"}
 
 
@@ -346,6 +346,8 @@ def fc(cwd: Path, *args: str | bytes, env: dict[str, str] | None = None
     (["claim", "t", "--owner", "a", "--dir", ""], {}, 2, "invalid"),
     (["claims", "--dir", "nothere"], {}, 2, "no_registry"),
     (["merge", "plain", "--dir", "reg"], {}, 2, "no_registry"),
+    (["migrate", "--from", "plain", "--to", "newreg"], {}, 2, "no_registry"),
+    (["doctor", "--dir", "nothere"], {}, 2, "no_registry"),
 ])
 def test_real_process_refusals(tmp_path: Path, args: list[str | bytes], env: dict[str, str],
                                code: int, error: str) -> None:
@@ -354,7 +356,7 @@ def test_real_process_refusals(tmp_path: Path, args: list[str | bytes], env: dic
     (tmp_path / "plain").mkdir()
     fleetclaims.Registry(tmp_path / "reg").add("q1")
     before = sorted(p.name for p in tmp_path.iterdir())
-    argv = [*args, *([] if "--dir" in args else ["--dir", "reg"]), "--json"]
+    argv = [*args, *([] if "--dir" in args or "--to" in args else ["--dir", "reg"]), "--json"]
     done = fc(tmp_path, *argv, env=env)
     assert b"Traceback" not in done.stderr, done.stderr.decode(errors="replace")
     assert done.returncode == code, done.stderr

@@ -4,9 +4,10 @@ and ``db``."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
 
-from ..core.errors import ValidationError
+from ..core.errors import RegistryNotFound, ValidationError
 from .args import AddParser, Handler, registry
 from .output import EXIT_DAMAGED, EXIT_OK
 
@@ -71,6 +72,9 @@ def cmd_doctor(args: argparse.Namespace, out: Out) -> int:
     if is_url(location):
         raise ValidationError("--dir", "doctor checks file registries; use `audit verify` for "
                                        "PostgreSQL")
+    if args.dir is not None and not os.path.lexists(location):
+        # A mistyped --dir is an error, not a healthy registry that is not there.
+        raise RegistryNotFound(location, "the directory does not exist")
     report = main_report(location, fix=args.fix)
     if out.json:
         out.doc(report.to_dict())
@@ -90,7 +94,13 @@ def cmd_doctor(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace, out: Out) -> int:
+    from .._open import require_registry
+    from ..location import is_url, resolve
     from ..review.migrate import copy_registry
+
+    source = resolve(args.source)
+    if not is_url(source):
+        require_registry(source)  # before anything is opened or created at --to
 
     r = copy_registry(args.source, args.target)
     if out.json:

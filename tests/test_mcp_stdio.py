@@ -216,3 +216,41 @@ def test_screen_and_surrogate_paths() -> None:
         "params.arguments.labels[1]"
     assert surrogate_at({"a": {"\ud800": 1}}) == "a.<key>"
     assert surrogate_at({"a": ["fine"]}) is None
+
+
+STRAY_PRINT = """
+import functools, os, sys
+from fleetclaims.agents import mcp_server
+from fleetclaims.cli import main
+
+real = mcp_server.ClaimsServer.get
+
+@functools.wraps(real)
+def noisy(self, *args, **kwargs):
+    print("stray output from a tool")  # a library's print, a child process's output
+    os.system("echo stray output from a child")
+    return real(self, *args, **kwargs)
+
+mcp_server.ClaimsServer.get = noisy
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_stray_output_never_reaches_the_wire(tmp_path: Path) -> None:
+    """Output a tool (or a process it starts) writes to stdout goes to stderr, so every
+    line on the wire is still a JSON-RPC message and the session goes on."""
+    c = RawClient(tmp_path / "reg")
+    c.proc.kill()
+    c.proc.communicate()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETCLAIMS_")}
+    c.proc = subprocess.Popen(
+        [sys.executable, "-c", STRAY_PRINT, "mcp", "--dir", str(tmp_path / "reg"), "--owner",
+         "agent-a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=env)
+    c.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                             "clientInfo": {"name": "raw", "version": "1"}})
+    c.send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+    c.alive()  # receive() parses each line as JSON: a stray line would fail here
+    c.alive()
+    _, err = c.proc.communicate(timeout=20)  # closes stdin: the server ends
+    assert b"stray output from a tool" in err and b"stray output from a child" in err

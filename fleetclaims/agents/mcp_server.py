@@ -16,6 +16,7 @@ object with the typed error's ``error`` code, ``message``, ``holder`` where ther
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -430,11 +431,22 @@ def serve(registry: Registry, owner: str) -> None:
         result = _error(ValidationError(field, reason))
         return result.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
-    wire = Wire(refuse)
+    # The wire gets private copies of descriptors 0 and 1, which then point at /dev/null and
+    # stderr (as the SDK's own transport does): a stray print or a child process can neither
+    # read the client's requests nor write into the answers.
+    wire_in, wire_out = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    wire = Wire(refuse, stdin=wire_in, stdout=wire_out)
 
     async def run() -> None:
         async with stdio_server(stdin=wire, stdout=wire) as (read, write):  # type: ignore[arg-type]
             low = server._lowlevel_server  # what MCPServer.run_stdio_async runs
             await low.run(read, write, low.create_initialization_options())
 
-    anyio.run(run)
+    try:
+        anyio.run(run)
+    finally:
+        wire_out.flush()

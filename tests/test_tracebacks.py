@@ -5,6 +5,7 @@ a refusal changes nothing, and the journal still verifies."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -152,6 +153,26 @@ def test_library_raises_only_typed_errors(api_reg: fleetclaims.Registry,
     assert api_reg.verify().ok
 
 
+safe_path = st.one_of(text, st.binary(max_size=8), number, st.none()).map(
+    lambda p: "./sub/" + p.replace("..", "_").replace("~", "_") if isinstance(p, str) else p)
+
+
+@FUZZ
+@given(path=safe_path, durability=hostile, lock_timeout=hostile, flag=hostile, schema=hostile,
+       create=hostile)
+def test_registry_constructor_raises_only_typed_errors(
+    in_tmp: Path, path: Any, durability: Any, lock_timeout: Any, flag: Any, schema: Any,
+    create: Any,
+) -> None:
+    """Registry(...) with hostile arguments (paths kept under the test's directory) opens or
+    raises a FleetclaimsError; opening creates no directory."""
+    before = sorted(p.name for p in in_tmp.iterdir())
+    with contextlib.suppress(FleetclaimsError):  # anything else fails the property
+        fleetclaims.Registry(path, durability=durability, lock_timeout=lock_timeout,
+                             allow_unsafe_fs=flag, schema=schema, create=create).close()
+    assert sorted(p.name for p in in_tmp.iterdir()) == before
+
+
 @pytest.mark.parametrize("call", [
     lambda r: r.claim("t", owner="a", metadata={"a": "\ud800"}),
     lambda r: r.claim("t", owner="a", metadata={"\ud800": 1}),
@@ -228,10 +249,12 @@ DOCUMENTED = set(EXIT_CODES.values()) | {0, 1, 2, 3, 4, 5, 130}
 
 @pytest.fixture
 def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The test runs in an empty directory, with the token and owner variables unset."""
+    """The test runs in an empty directory, with the token and owner variables unset and
+    the default registry (FLEETCLAIMS_DIR, from conftest) in a directory of its own."""
     monkeypatch.chdir(tmp_path)
-    for name in ("FLEETCLAIMS_TOKEN", "FLEETCLAIMS_OWNER", "FLEETCLAIMS_DIR", "FLEETCLAIMS_URL"):
+    for name in ("FLEETCLAIMS_TOKEN", "FLEETCLAIMS_OWNER", "FLEETCLAIMS_URL"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FLEETCLAIMS_DIR", str(tmp_path.parent / f"{tmp_path.name}-default"))
     fleetclaims.Registry(tmp_path / "reg").add("q1")
     return tmp_path
 

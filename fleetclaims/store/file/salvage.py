@@ -197,6 +197,7 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
         original, carried, fence_floor = _quarantine_journal(path, fd, journal)
         if snap_name is None and (carried or fence_floor > state.fence):
             lines.add(_record_lost(journal, carried, fence_floor, original, report))
+        carried = []  # (can be every claim: let them go)
         if not journal.exists and recovered is None:
             lines.add({
                 "type": ev.REGISTRY_REBUILT, "actor": "doctor", "origin": secrets.token_hex(8),
@@ -208,6 +209,7 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
             _record_snapshot(lines, recovered, snap_name, original, fence_floor)
         snapshot = recovered = None  # no longer needed: let them go before the snapshot below
         end = _write_journal(path, fd, journal.good_end, lines.lines)
+        lines.lines.clear()
     finally:
         if fd >= 0:
             os.close(fd)
@@ -334,7 +336,7 @@ def _prefix_chunks(fd: int, end: int, extra_lines: list[bytes]) -> Iterator[byte
             raise OSError(errno.EIO, f"the journal shrank while salvaging it (at byte {pos})")
         pos += len(chunk)
         yield chunk
-    yield b"".join(extra_lines)
+    yield from extra_lines
 
 
 def _pieces(fd: int, start: int, *, whole: bool = False) -> Iterator[bytes]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from .core.errors import (
     AccessDenied,
@@ -18,6 +19,10 @@ from .core.errors import (
 )
 from .store.base import Store
 from .system import Clock
+
+if TYPE_CHECKING:
+    from .api import Registry
+    from .sync.remote_lease import RemoteLeases
 
 #: the files of which one at least is in every file registry that was ever opened for writing
 REGISTRY_MARKERS = ("audit.jsonl", "claims.json", "claims.lock")
@@ -42,6 +47,26 @@ def lock_timeout(value: object) -> float:
         raise ValidationError(field, f"must be a number of seconds from 0 to "
                               f"{LOCK_TIMEOUT_MAX:g}", value=value)
     return float(value)
+
+
+def remote(value: object) -> str | None:
+    """A git remote argument (a remote name, a path or URL), typed; None: not given."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or value.startswith("-") or any(
+            ord(c) < 32 or c == "\x7f" for c in value) or len(value) > 4096:
+        raise ValidationError("remote", "must be a git remote name, path or URL", value=value)
+    return value
+
+
+def leases(reg: Registry, remote: str | None) -> RemoteLeases | None:
+    """The leases of ``reg`` on the git ``remote``; None ("" or None): claims stay local. The
+    sync package (git, subprocess) is imported only when a remote is used."""
+    if not remote:
+        return None
+    from .sync.remote_lease import RemoteLeases
+
+    return RemoteLeases(reg, remote)
 
 
 def open_store(
@@ -134,5 +159,5 @@ def require_registry(location: str) -> None:
 
 
 
-__all__ = ["LOCK_TIMEOUT_MAX", "REGISTRY_MARKERS", "lock_timeout", "open_store",
+__all__ = ["LOCK_TIMEOUT_MAX", "REGISTRY_MARKERS", "leases", "lock_timeout", "open_store", "remote",
            "require_registry", "typed_store_error"]

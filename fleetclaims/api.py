@@ -26,6 +26,8 @@ from .system import Clock, Prober, SystemClock, SystemProber
 if TYPE_CHECKING:  # imported where used: a cold CLI command should not pay for them
     from .core.explain import Explanation
     from .core.merge import MergePlan
+    from .sync.history import SyncReport
+    from .sync.remote_lease import RemoteLeases
 
 Durability = Literal["full", "process"]
 
@@ -59,7 +61,9 @@ class Registry:
         store: Store | None = None,
         schema: str | None = None,
         create: bool = True,
+        remote: str | None = None,
     ) -> None:
+        self.remote = _open.remote(remote)  # claims take a lease on this git remote too
         if durability not in ("full", "process"):
             raise ValidationError("durability", "must be 'full' or 'process'", value=durability)
         for name, flag in (("allow_unsafe_fs", allow_unsafe_fs), ("create", create)):
@@ -126,6 +130,9 @@ class Registry:
             return None
         return self.prober.identity_of(process)
 
+    def _leases(self, remote: str | None) -> RemoteLeases | None:
+        return _open.leases(self, self.remote if remote is None else _open.remote(remote))
+
     @staticmethod
     def _token(token: str | None) -> str:
         if token is None:
@@ -147,6 +154,8 @@ class Registry:
         take_stale: bool = False,
         preempt: bool = False,
         process: bool | int = True,
+        remote: str | None = None,
+        wait: float | None = None,
     ) -> Claim:
         """Claim ``task`` for ``owner`` for ``ttl`` seconds. Raises ClaimConflict when anyone
         holds it live, TaskCompleted when it is done. The returned claim carries the token.
@@ -175,8 +184,12 @@ class Registry:
         assert claim is not None
         return claim.with_token(raw)
 
-    def renew(self, task: str, *, token: str, ttl: float | None = None) -> Claim:
+    def renew(self, task: str, *, token: str, ttl: float | None = None,
+              remote: str | None = None) -> Claim:
         """Extend the lease by ``ttl`` (default: the claim's ttl) from now."""
+        if (leases := self._leases(remote)) is not None:
+            return leases.change(task, token, "renewed",
+                                 lambda: self.renew(task, token=token, ttl=ttl, remote=""))
         task, th = validate.task(task), self._token(token)
         ttl = validate.ttl(ttl, allow_none=True)
         _, state = self._run(lambda s, now: rules.decide_renew(s, task, th, ttl, now))
@@ -190,10 +203,14 @@ class Registry:
         force: bool = False,
         reason: str | None = None,
         actor: str = "operator",
+        remote: str | None = None,
     ) -> bool:
         """Give the task up. True when a live claim was released; False when there was nothing
         live to release. ``force=True`` releases whoever holds it and records ``reason``."""
         task = validate.task(task)
+        if not force and token is not None and (leases := self._leases(remote)) is not None:
+            return bool(leases.change(task, token, "released",
+                                      lambda: self.release(task, token=token, remote="")))
         if validate.flag("force", force):
             why = validate.required_reason(reason, "say why you release someone's claim")
             who = validate.owner(actor, "actor")
@@ -203,8 +220,12 @@ class Registry:
         decision, _ = self._run(lambda s, now: rules.decide_release(s, task, th, now))
         return bool(decision.result)
 
-    def complete(self, task: str, *, token: str, result: Any = None) -> Claim:
+    def complete(self, task: str, *, token: str, result: Any = None,
+                 remote: str | None = None) -> Claim:
         """Mark the task done. Refused (LeaseExpired) once the lease has run out."""
+        if (leases := self._leases(remote)) is not None:
+            return leases.change(task, token, "completed", lambda: self.complete(
+                task, token=token, result=result, remote=""))
         task, th = validate.task(task), self._token(token)
         result = validate.json_value("result", result)
         _, state = self._run(lambda s, now: rules.decide_complete(s, task, th, result, now))
@@ -219,12 +240,14 @@ class Registry:
         ttl: float = validate.DEFAULT_TTL,
         note: str | None = None,
         priority: int = 100,
+        process: bool | int = True,
     ) -> Claim:
         """Take over a stale claim (expired lease or owner proven dead); recorded with the
-        previous owner, fence and reason. A live owner is never robbed (ClaimConflict)."""
+        previous owner, fence and reason. A live owner is never robbed (ClaimConflict).
+        ``process`` as for ``claim``."""
         task = validate.task(task)
         why = validate.required_reason(reason, "say why you take the task over")
-        raw, grant = self._grant(owner, None, ttl, priority=priority, note=note)
+        raw, grant = self._grant(owner, None, ttl, priority=priority, note=note, process=process)
 
         def decide(state: State, now: Now) -> Decision:
             return rules.decide_recover(
@@ -235,12 +258,17 @@ class Registry:
         return self._mine(state, task, raw)
 
     def transition(
-        self, task: str, *, token: str, phase: str, ttl: float | None = None
+        self, task: str, *, token: str, phase: str, ttl: float | None = None,
+        max_park: float | None = None,
     ) -> Claim:
-        """Move the claim to another phase (e.g. ``review``). ``ttl=None`` parks it: no expiry."""
+        """Move the claim to another phase (e.g. ``review``). ``ttl=None`` parks it: no lease;
+        it ends when the owner process dies, or after ``max_park`` seconds (default: a day
+        when no owner process is recorded), so a dead agent never wedges the task."""
         task, th, ph = validate.task(task), self._token(token), validate.phase(phase)
         ttl = validate.ttl(ttl, allow_none=True)
-        _, state = self._run(lambda s, now: rules.decide_transition(s, task, th, ph, ttl, now))
+        max_park = validate.ttl(max_park, allow_none=True)
+        _, state = self._run(lambda s, now: rules.decide_transition(s, task, th, ph, ttl, now,
+                                                                    max_park))
         return self._mine(state, task, token)
 
     def handoff(
@@ -251,8 +279,12 @@ class Registry:
         to_owner: str,
         note: str | None = None,
         ttl: float | None = None,
+        remote: str | None = None,
     ) -> Claim:
         """Give the claim to ``to_owner`` with a new token and fence (returned on the claim)."""
+        if (leases := self._leases(remote)) is not None:
+            return leases.change(task, token, "handed_off", lambda: self.handoff(
+                task, token=token, to_owner=to_owner, note=note, ttl=ttl, remote=""))
         task, th = validate.task(task), self._token(token)
         raw, grant = self._grant(to_owner, None, ttl, note=note, process=False,
                                  allow_parked=True)
@@ -432,6 +464,14 @@ class Registry:
 
         self._run(decide)
         return plan_box[-1]
+
+    def sync(self, remote: str | None = None, *, actor: str = "sync",
+             accept_rewritten: bool = False) -> SyncReport:
+        """Publish to the git ``remote`` and merge what others published (fleetclaims.sync)."""
+        from .sync.history import sync
+
+        return sync(self, _open.remote(remote) or self.remote, actor=validate.owner(actor, "actor"),
+                    accept_rewritten=validate.flag("accept_rewritten", accept_rewritten))
 
     def explain(self, task: str) -> Explanation:
         """Who holds ``task`` and why, from the audit log alone."""

@@ -44,6 +44,8 @@ NOT_ON_MCP = {
     "unblock": "planning the queue, as add",
     "tasks": "the whole queue is for planning; ready and brief show what an agent may take",
     "merge": "reads another registry's files from disk: an operator's step (the CLI)",
+    "sync": "talks to the repository's git remote (network, git's credential helpers): an "
+            "operator's step (the CLI)",
     "stats": "brief, ready and claim_next return the counts an agent needs",
 }
 
@@ -148,6 +150,7 @@ DOCUMENTED_EXIT = {
     "ClaimConflict": 3, "TaskCompleted": 3, "TaskNotReady": 3,
     "NotHolder": 4, "LeaseExpired": 4, "ClaimSuperseded": 4,
     "RegistryCorrupt": 5, "AuditCorrupt": 5,
+    "RemoteUnavailable": 1, "RemoteRewritten": 5, "GitFailed": 1,
 }
 
 

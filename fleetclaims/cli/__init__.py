@@ -61,12 +61,13 @@ COMMANDS: dict[str, str] = {
     **dict.fromkeys(("events", "explain", "audit", "top"), "audit"),
     **dict.fromkeys(("merge", "doctor", "migrate", "db"), "admin"),
     **dict.fromkeys(("run", "mcp", "guard", "hooks", "brief"), "agents"),
+    "sync": "sync",
 }
 
 #: older subcommand names, kept working for the scripts that use them -> the canonical name
 ALIASES: dict[str, str] = {"show": "get", "list": "claims", "next": "claim-next"}
 
-GROUPS = ("claims", "queue", "audit", "admin", "agents")
+GROUPS = ("claims", "queue", "audit", "admin", "agents", "sync")
 
 
 def _group(name: str) -> ModuleType:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.durations import iso, relative
 from .args import AddParser, Handler, dur, json_arg, reader, registry, token, token_option
 from .output import EXIT_OK, claim_doc, claim_rows, data_doc, show_claim
+from .sync import remote_arg, remote_option
 
 if TYPE_CHECKING:
     from ..core.model import Claim
@@ -55,11 +56,13 @@ def _add_write_parsers(add: AddParser) -> None:
     p.add_argument("--pid", type=int, default=None,
                    help="the owner's process (e.g. $$ in a shell script): when it dies the claim "
                    "is stale at once; without it the lease alone decides")
+    remote_option(p)
 
     p = add("renew", "extend your lease")
     p.add_argument("task")
     token_option(p)
     p.add_argument("--ttl", type=dur("ttl"), help="new lease length (default: the claim's)")
+    remote_option(p)
 
     p = add("release", "give a task up (or force-release someone else's claim)")
     p.add_argument("task")
@@ -67,11 +70,13 @@ def _add_write_parsers(add: AddParser) -> None:
     p.add_argument("--force", action="store_true", help="release whoever holds it")
     p.add_argument("--reason", help="required with --force")
     p.add_argument("--actor", default=os.environ.get("USER", "operator"), help="who forces it")
+    remote_option(p)
 
     p = add("complete", "mark a task done")
     p.add_argument("task")
     token_option(p)
     p.add_argument("--result", help="JSON (or plain text) recorded with the completion")
+    remote_option(p)
 
     p = add("recover", "take over a stale claim (expired lease or dead owner)")
     p.add_argument("task")
@@ -93,6 +98,7 @@ def _add_write_parsers(add: AddParser) -> None:
     p.add_argument("--to-owner", "--to", required=True, dest="to_owner", metavar="OWNER")
     p.add_argument("--note")
     p.add_argument("--ttl", type=dur("ttl"))
+    remote_option(p)
 
     p = add("reopen", "make a completed task claimable again")
     p.add_argument("task")
@@ -131,13 +137,15 @@ def cmd_claim(args: argparse.Namespace, out: Out) -> int:
                   priority=args.priority, token=args.token,
                   metadata=json_arg("metadata", args.metadata, plain_ok=False),
                   take_stale=args.take_stale, preempt=args.preempt,
-                  process=args.pid if args.pid is not None else False)
+                  process=args.pid if args.pid is not None else False,
+                  remote=remote_arg(args, reg))
     show_claim(out, c, "claimed")
     return EXIT_OK
 
 
 def cmd_renew(args: argparse.Namespace, out: Out) -> int:
-    c = registry(args).renew(args.task, token=token(args), ttl=args.ttl)
+    reg = registry(args)
+    c = reg.renew(args.task, token=token(args), ttl=args.ttl, remote=remote_arg(args, reg))
     show_claim(out, c, "renewed")
     return EXIT_OK
 
@@ -147,7 +155,7 @@ def cmd_release(args: argparse.Namespace, out: Out) -> int:
     if args.force:
         done = reg.release(args.task, force=True, reason=args.reason, actor=args.actor)
     else:
-        done = reg.release(args.task, token=token(args))
+        done = reg.release(args.task, token=token(args), remote=remote_arg(args, reg))
     if out.json:
         out.doc({"task": args.task, "released": done})
     else:
@@ -157,8 +165,9 @@ def cmd_release(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_complete(args: argparse.Namespace, out: Out) -> int:
-    c = registry(args).complete(args.task, token=token(args),
-                                result=json_arg("result", args.result, plain_ok=True))
+    reg = registry(args)
+    c = reg.complete(args.task, token=token(args), remote=remote_arg(args, reg),
+                     result=json_arg("result", args.result, plain_ok=True))
     show_claim(out, c.with_token(None), "completed")
     return EXIT_OK
 
@@ -177,8 +186,9 @@ def cmd_transition(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_handoff(args: argparse.Namespace, out: Out) -> int:
-    c = registry(args).handoff(args.task, token=token(args), to_owner=args.to_owner,
-                               note=args.note, ttl=args.ttl)
+    reg = registry(args)
+    c = reg.handoff(args.task, token=token(args), to_owner=args.to_owner, note=args.note,
+                    ttl=args.ttl, remote=remote_arg(args, reg))
     show_claim(out, c, "handed off")
     return EXIT_OK
 

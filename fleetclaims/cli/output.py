@@ -55,6 +55,9 @@ EXIT_CODES: dict[str, int] = {
     "no_registry": EXIT_USAGE,       # a read, merge or migrate --from where none exists
     "access_denied": EXIT_ERROR,     # file permissions, a database role without rights
     "missing_dependency": EXIT_ERROR,  # e.g. psycopg for a postgresql:// URL
+    "remote_unavailable": EXIT_ERROR,  # sync/--remote: the git remote is unreachable
+    "remote_rewritten": EXIT_DAMAGED,  # sync: a fleetclaims ref was force-pushed or deleted
+    "git_failed": EXIT_ERROR,        # a local git command failed (not a repository ...)
 }
 
 

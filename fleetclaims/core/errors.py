@@ -431,6 +431,51 @@ class MissingDependency(FleetclaimsError):
         )
 
 
+class RemoteUnavailable(FleetclaimsError):
+    """The git remote could not be reached (offline, path gone, refused); nothing was
+    changed on it, and a sync changed nothing here either (run it again later)."""
+
+    code = "remote_unavailable"
+
+    def __init__(self, remote: str, reason: str, *, hint: str | None = None) -> None:
+        self.remote = remote
+        self.reason = reason
+        super().__init__(f"git remote {remote!r} unavailable: {reason}.", hint=hint or (
+            "Check the network and the remote's URL (`git remote -v`), then run it again: "
+            "a later `fleetclaims sync` converges."))
+
+
+class RemoteRewritten(FleetclaimsError):
+    """A fleetclaims ref on the git remote no longer extends what this clone published or saw
+    there before (force-pushed, deleted, or its history does not verify); nothing was
+    changed here."""
+
+    code = "remote_rewritten"
+
+    def __init__(self, remote: str, ref: str, reason: str) -> None:
+        self.remote = remote
+        self.ref = ref
+        self.reason = reason
+        super().__init__(
+            f"the fleetclaims ref {ref} on git remote {remote!r} was rewritten: {reason}; "
+            "nothing was changed here.",
+            hint="Find out who rewrote it (the remote's reflog); the local registry keeps "
+            "everything. `fleetclaims sync --accept-rewritten` publishes again over it.")
+
+
+class GitFailed(FleetclaimsError):
+    """A local git command failed (not a repository, a damaged object store, git missing
+    a feature)."""
+
+    code = "git_failed"
+
+    def __init__(self, command: str, reason: str, *, hint: str | None = None) -> None:
+        self.command = command
+        self.reason = reason
+        super().__init__(f"{command} failed: {reason}.",
+                         hint=hint or "Check the repository with `git fsck`, then retry.")
+
+
 def _preview(value: object) -> str:
     """``value`` shortened for a message; never fails (a 10**5000 int or a list nested
     100,000 deep has no repr)."""

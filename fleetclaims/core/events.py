@@ -149,6 +149,12 @@ TASK_UNBLOCKED: Final = _declare(
     "task_unblocked", ("task", "actor", "reason"), "{actor} unblocked {task}")
 BECAME_READY: Final = _declare(
     "became_ready", ("task", "actor", "after"), "{task} became ready")
+# A step of a lease kept on a git remote (fleetclaims.sync.remote_lease): recorded here so
+# the audit stays in one place; the claim itself changes through the ordinary events.
+REMOTE_LEASE: Final = _declare(
+    "remote_lease", ("task", "actor", "owner", "fence", "remote", "action", "commit"),
+    "{owner}'s lease on {task} (fence {fence}) on git remote {remote}: {action}",
+    ("expires_at", "reason"))
 
 SCHEMA: Final[Mapping[str, EventType]] = MappingProxyType(_SCHEMA)
 ALL_TYPES: Final = frozenset(SCHEMA)
@@ -163,7 +169,8 @@ REGISTRY_EVENTS: Final = frozenset({REGISTRY_REBUILT, JOURNAL_TAIL_REPAIRED, REG
 TASK_EVENTS: Final = frozenset({TASK_ADDED, TASK_UPDATED, TASK_BLOCKED, TASK_UNBLOCKED,
                                 BECAME_READY})
 # Journal bookkeeping that changes no claim.
-_NO_CLAIM_CHANGE = frozenset({CLAIM_REJECTED, JOURNAL_TAIL_REPAIRED, REGISTRY_CREATED})
+_NO_CLAIM_CHANGE = frozenset({CLAIM_REJECTED, JOURNAL_TAIL_REPAIRED, REGISTRY_CREATED,
+                              REMOTE_LEASE})
 # Events that change one claim (handled by _apply_claim_event).
 _CLAIM_CHANGES = ALL_TYPES - _NO_CLAIM_CHANGE - TASK_EVENTS - {
     REGISTRIES_MERGED, REGISTRY_REBUILT}

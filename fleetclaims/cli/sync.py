@@ -1,0 +1,67 @@
+"""``fleetclaims sync``: share this registry through the repository's git remote; and the
+``--remote`` option of the claim commands (a lease kept on the remote, see fleetclaims.sync)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from .args import AddParser, Handler, registry
+from .output import EXIT_OK
+
+if TYPE_CHECKING:
+    from ..api import Registry
+    from .output import Out
+
+EXAMPLES = {
+    "sync": "fleetclaims sync            # the branch's remote, else origin\n  "
+    "fleetclaims sync upstream --json",
+}
+
+
+def remote_option(p: argparse.ArgumentParser) -> None:
+    """``--remote [REMOTE]``: also take/rotate the lease on a git remote."""
+    p.add_argument("--remote", nargs="?", const="", default=None, metavar="REMOTE",
+                   help="hold the lease on this git remote too, by an atomic ref update "
+                   "(without a name: the branch's remote, else origin)")
+
+
+def remote_arg(args: argparse.Namespace, reg: Registry) -> str | None:
+    """The remote named by ``--remote`` (None: the option was not given)."""
+    remote: str | None = getattr(args, "remote", None)
+    if remote == "":  # given without a name
+        from ..sync.gitrefs import Git, repository_of
+
+        return Git(repository_of(reg.location)).default_remote()
+    return remote
+
+
+def add_parsers(add: AddParser) -> None:
+    p = add("sync", "publish this registry to the git remote and merge the other clones'")
+    p.add_argument("remote", nargs="?", default=None,
+                   help="a git remote name or URL (default: the branch's remote, else origin)")
+    p.add_argument("--actor", default="sync", help="who is recorded as merging")
+    p.add_argument("--accept-rewritten", action="store_true",
+                   help="go on although a fleetclaims ref on the remote was force-pushed or "
+                   "deleted (the local registry is kept whole and published again)")
+
+
+def cmd_sync(args: argparse.Namespace, out: Out) -> int:
+    report = registry(args).sync(args.remote, actor=args.actor,
+                                 accept_rewritten=args.accept_rewritten)
+    if out.json:
+        out.doc(report.to_dict())
+        return EXIT_OK
+    out.line(f"synced with {report.remote}: {len(report.merged)} registries merged, "
+             f"{report.imported_events} events imported, {len(report.changed)} claims changed, "
+             + (f"published {report.published[:12]}" if report.published else
+                "nothing new to publish"))
+    for c in report.conflicts:
+        out.line(f"  {c.task}: {c.winner} (fence {c.winner_fence}) wins over {c.loser} "
+                 f"(fence {c.loser_fence}) by {c.rule}; see `fleetclaims explain {c.task}`")
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Handler] = {"sync": cmd_sync}
+
+__all__ = ["COMMANDS", "EXAMPLES", "add_parsers", "remote_arg", "remote_option"]

@@ -1,0 +1,256 @@
+"""``sync``: publish this registry's journal to a git remote and merge the other clones'.
+
+Each registry publishes its sealed journal lines, byte for byte (so every line's hash verifies
+as it did here), as blobs of at most CHUNK lines in one commit per sync, under
+``refs/fleetclaims/journal/<origin>``; each commit's parent is the one published before, so the
+ref only ever moves forward. The ref is moved by compare-and-swap (``push
+--force-with-lease``) from the value this sync fetched.
+
+A sync fetches every ``refs/fleetclaims/journal/*`` into this clone's bookkeeping namespace,
+checks that each ref still extends what this clone saw there last time (else
+``RemoteRewritten``: a force-push or a deletion, and nothing changes here), verifies each new
+history line by line with the hash chain, merges it with ``Registry.merge`` (the one
+deterministic merge), then publishes its own journal. What it saw is remembered in local refs
+``refs/fleetclaims-sync/<remote>/seen/<origin>``, inside ``.git`` where ``git clean`` does not
+reach. Offline, the fetch fails first: ``RemoteUnavailable`` and nothing changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..core.chain import check_seal
+from ..core.errors import AuditCorrupt, RemoteRewritten, ValidationError
+from ..core.merge import Conflict
+from .gitrefs import Git, remote_key, repository_of
+
+if TYPE_CHECKING:
+    from ..api import Registry
+
+JOURNAL_NS = "refs/fleetclaims/journal/"
+CHUNK = 1024  # journal lines per blob: a full blob never changes, so it is written once
+FORMAT = 1
+_ATTEMPTS = 4  # publishing lost a compare-and-swap to a concurrent sync: fetch and retry
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    """What one sync did: the remote, the other registries merged (by origin), the claims
+    they changed and the conflicts settled, and the commit published (None: nothing new)."""
+
+    remote: str
+    origin: str
+    merged: tuple[str, ...] = ()
+    imported_events: int = 0
+    changed: tuple[str, ...] = ()
+    conflicts: tuple[Conflict, ...] = ()
+    published: str | None = None
+    seen: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"remote": self.remote, "origin": self.origin, "merged": list(self.merged),
+                "imported_events": self.imported_events, "changed": list(self.changed),
+                "conflicts": [c.to_dict() for c in self.conflicts],
+                "published": self.published, "registries": dict(sorted(self.seen.items()))}
+
+
+class _Side:
+    """This clone's view of one remote: where fetched refs land and what was seen before."""
+
+    def __init__(self, git: Git, remote: str) -> None:
+        self.git = git
+        self.remote = remote
+        self.base = f"refs/fleetclaims-sync/{remote_key(remote)}/"
+        self.incoming_ns = self.base + "incoming/"
+
+    def seen_ns(self, our_origin: str) -> str:
+        # Per local registry: a registry made anew (after `git clean -fdx`) has seen nothing
+        # yet and takes every history back from the remote.
+        return f"{self.base}seen/{our_origin or 'new'}/"
+
+    def fetch(self) -> dict[str, str]:
+        self.git.fetch(self.remote, [f"+{JOURNAL_NS}*:{self.incoming_ns}*"], prune=True)
+        return self._strip(self.git.refs(self.incoming_ns), self.incoming_ns)
+
+    def seen(self, our_origin: str) -> dict[str, str]:
+        ns = self.seen_ns(our_origin)
+        return self._strip(self.git.refs(ns), ns)
+
+    @staticmethod
+    def _strip(refs: dict[str, str], prefix: str) -> dict[str, str]:
+        return {name[len(prefix):]: sha for name, sha in refs.items()}
+
+
+def sync(reg: Registry, remote: str | None = None, *, actor: str = "sync",
+         accept_rewritten: bool = False, repo: str | None = None) -> SyncReport:
+    """Publish ``reg``'s journal to ``remote`` and merge every other registry published
+    there. Re-running converges; see the module docstring for the guarantees."""
+    if reg.store.capabilities.kind != "file":
+        raise ValidationError("registry", "sync shares a file registry through git; a "
+                              "PostgreSQL registry is shared by its server already",
+                              value=reg.location)
+    git = Git(repo or repository_of(reg.location))
+    remote = remote or git.default_remote()
+    if remote.startswith("-"):
+        raise ValidationError("remote", "must be a remote name or URL", value=remote)
+    side = _Side(git, remote)
+    merged: list[str] = []
+    changed: set[str] = set()
+    conflicts: list[Conflict] = []
+    imported = 0
+    for _attempt in range(_ATTEMPTS):
+        incoming = side.fetch()
+        our_origin = reg.store.read().origin
+        seen = side.seen(our_origin)
+        if not accept_rewritten:
+            _check_extends(git, remote, seen, incoming)
+        for origin, sha in sorted(incoming.items()):
+            if origin == our_origin or seen.get(origin) == sha:
+                continue
+            plan = reg.merge(_registry_of(reg, git, remote, origin, sha), actor=actor)
+            merged.append(origin)
+            imported += plan.imported
+            changed.update(plan.changed)
+            conflicts.extend(plan.conflicts)
+        # Accepting a rewrite, our commit also descends from what we published before, so the
+        # clones that saw that still find their commit in the ref's history.
+        heal = seen.get(our_origin) if accept_rewritten else None
+        published, ok = _publish(reg, git, remote, incoming, heal)
+        if not ok:
+            continue  # another sync of this registry moved our ref meanwhile: fetch again
+        state = reg.store.read()
+        now_seen = {o: s for o, s in incoming.items() if o != state.origin}
+        if published or state.origin in incoming:
+            now_seen[state.origin] = published or incoming[state.origin]
+        ns = side.seen_ns(state.origin)
+        git.update_refs({**{ns + o: None for o in seen if o not in now_seen},
+                         **{ns + o: s for o, s in now_seen.items()}})
+        return SyncReport(remote, state.origin, tuple(merged), imported, tuple(sorted(changed)),
+                          tuple(conflicts), published, now_seen)
+    raise RemoteRewritten(remote, JOURNAL_NS + reg.store.read().origin,
+                          f"it kept moving under {_ATTEMPTS} attempts to publish")
+
+
+def _check_extends(git: Git, remote: str, seen: dict[str, str],
+                   incoming: dict[str, str]) -> None:
+    """Every ref seen before is still there and extends what was seen (its parent chain
+    holds the seen commit, and its journal holds the seen head at the same seq)."""
+    for origin, old in sorted(seen.items()):
+        ref = JOURNAL_NS + origin
+        new = incoming.get(origin)
+        if new is None:
+            raise RemoteRewritten(remote, ref, f"it was deleted (this clone saw {old[:12]})")
+        if new == old:
+            continue
+        if not git.is_ancestor(old, new):
+            raise RemoteRewritten(remote, ref, f"{new[:12]} does not extend {old[:12]}, which "
+                                  "this clone saw before (force-pushed)")
+        was = _meta(git, old)
+        lines = _lines(git, new)
+        seq = int(was.get("seq", 0))
+        if seq and (len(lines) < seq or
+                    orjson.loads(lines[seq - 1]).get("hash") != was.get("head")):
+            raise RemoteRewritten(remote, ref, f"its journal no longer holds line {seq} as "
+                                  "seen before (truncated or rewritten)")
+
+
+def _meta(git: Git, commit: str) -> dict[str, Any]:
+    names = git.ls_tree(commit)
+    if "meta.json" not in names:
+        return {}
+    data = orjson.loads(git.read_blobs([names["meta.json"]])[0])
+    return data if isinstance(data, dict) else {}
+
+
+def _lines(git: Git, commit: str) -> list[bytes]:
+    names = git.ls_tree(commit)
+    chunks = sorted(n for n in names if n.startswith("journal-") and n.endswith(".jsonl"))
+    lines: list[bytes] = []
+    for blob in git.read_blobs([names[n] for n in chunks]):
+        lines.extend(blob.splitlines())
+    return lines
+
+
+def _registry_of(reg: Registry, git: Git, remote: str, origin: str, sha: str) -> Registry:
+    """The history published at ``sha`` as an in-memory registry, verified line by line."""
+    from ..api import Registry
+    from ..core.model import GENESIS
+    from ..store.file.journal import parse_line
+    from ..store.memory import MemoryStore
+
+    ref = JOURNAL_NS + origin
+    lines = _lines(git, sha)
+    prev, offset, found = GENESIS, 0, ""
+    for number, line in enumerate(lines, 1):
+        try:
+            event = parse_line(line, seq=number, prev=prev, offset=offset, path=ref)
+        except AuditCorrupt as exc:
+            raise RemoteRewritten(remote, ref, f"its history does not verify: {exc.message}"
+                                  ) from None
+        if event.get("type") == "registry_created" and not found:
+            found = str(event.get("origin", ""))
+        prev, offset = event["hash"], offset + len(line) + 1
+    if found != origin:
+        raise RemoteRewritten(remote, ref, f"it holds the history of registry {found!r}, "
+                              f"not {origin!r}")
+    store = MemoryStore(clock=reg.clock, location=f"{remote}#{ref}")
+    store.import_events(lines)
+    return Registry(store=store, clock=reg.clock, prober=reg.prober)
+
+
+def _our_lines(reg: Registry) -> list[bytes]:
+    """This registry's journal lines as sealed (re-serialised by the encoder that wrote them,
+    and checked against each line's own hash)."""
+    lines = []
+    for event in reg.store.iter_events(0):
+        line = orjson.dumps(event)
+        if check_seal(line) != event["hash"]:
+            raise AuditCorrupt(reg.location, seq=int(event["seq"]), offset=0, reason=(
+                "this line cannot be published byte for byte (written by another encoder)"))
+        lines.append(line)
+    return lines
+
+
+def _blob_sha(data: bytes) -> str:
+    # The name git gives a blob (SHA-1 repositories): lets us skip writing chunks the
+    # previous commit holds already. A SHA-256 repository never matches and writes them all.
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def _publish(reg: Registry, git: Git, remote: str, incoming: dict[str, str],
+             heal: str | None = None) -> tuple[str | None, bool]:
+    """Push this registry's journal when the remote's copy is behind: (commit or None when
+    nothing was new, False when the compare-and-swap lost)."""
+    state = reg.store.read()
+    if not state.origin or state.seq == 0:
+        return None, True
+    ref = JOURNAL_NS + state.origin
+    parent = incoming.get(state.origin)
+    heal = heal if heal and heal != parent and git.has(heal) else None
+    old: dict[str, str] = {}
+    if parent is not None and heal is None:
+        meta = _meta(git, parent)
+        if meta.get("seq") == state.seq and meta.get("head") == state.head:
+            return None, True
+        old = git.ls_tree(parent)
+    lines = _our_lines(reg)
+    meta_doc = {"format": FORMAT, "origin": state.origin, "seq": len(lines),
+                "head": orjson.loads(lines[-1])["hash"], "fence": state.fence, "chunk": CHUNK}
+    entries = [("meta.json", git.blob(orjson.dumps(meta_doc, option=orjson.OPT_SORT_KEYS)))]
+    for i in range(0, len(lines), CHUNK):
+        data = b"\n".join(lines[i:i + CHUNK]) + b"\n"
+        name = f"journal-{i // CHUNK:08d}.jsonl"
+        sha = _blob_sha(data)
+        entries.append((name, sha if old.get(name) == sha else git.blob(data)))
+    commit = git.commit(git.tree(entries), parent,
+                        f"fleetclaims journal {state.origin}: seq {meta_doc['seq']}",
+                        () if heal is None else (heal,))
+    result = git.push(remote, {ref: (parent, commit)})
+    return (commit, True) if result.ok else (None, False)
+
+
+__all__ = ["CHUNK", "JOURNAL_NS", "SyncReport", "sync"]

@@ -1,0 +1,185 @@
+"""Cross-machine claims: a lease kept on the git remote, one ref per task.
+
+``refs/fleetclaims/leases/<task>`` points to a commit whose ``lease.json`` names the holder
+(owner, token hash, fence, expiry) or says the task was released or completed; each commit's
+parent is the lease before, so the ref's log is the task's history on the remote. Every change
+moves the ref by compare-and-swap (``push --force-with-lease=<ref>:<the commit read>``), so two
+machines online at the same time cannot both hold the task: the one whose swap lands holds it,
+the other gets ``ClaimConflict`` naming the holder.
+
+The local registry stays the first gate (local holders, tokens, rules), and the fence of a
+grant is raised above the remote lease's, so fences of a task only grow across machines. Each
+remote step is recorded in the local journal (``remote_lease``), so the audit stays in one
+place. Order of each operation: read the remote lease (offline: ``RemoteUnavailable``, nothing
+changed), decide locally, swap the remote ref; a swap that loses undoes the local grant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
+
+from ..core import events as ev
+from ..core import rules, validate
+from ..core.chain import token_hash
+from ..core.errors import ClaimConflict, NotHolder, RemoteUnavailable
+from ..core.model import UNKNOWN_VERDICT, Claim, Now
+from ..core.rules import Decision
+from ..core.state import State
+from .gitrefs import Git, ref_component, remote_key, repository_of
+
+if TYPE_CHECKING:
+    from ..api import Registry
+
+T = TypeVar("T")
+LEASES_NS = "refs/fleetclaims/leases/"
+HELD, RELEASED, COMPLETED = "held", "released", "completed"
+
+
+def lease_ref(task: str) -> str:
+    return LEASES_NS + ref_component(task)
+
+
+class RemoteLeases:
+    """The remote leases of one registry's repository on one remote."""
+
+    def __init__(self, reg: Registry, remote: str | None) -> None:
+        self.reg = reg
+        self.git = Git(repository_of(reg.location))
+        self.remote = remote or self.git.default_remote()
+        self.local_ns = f"refs/fleetclaims-sync/{remote_key(self.remote)}/leases/"
+
+    # --- the remote ref ----------------------------------------------------------------------
+
+    def read(self, task: str) -> tuple[str | None, dict[str, Any] | None]:
+        """(commit, lease document) of ``task`` on the remote; (None, None) when it has none."""
+        ref = lease_ref(task)
+        sha = self.git.ls_remote(self.remote, ref).get(ref)
+        if sha is None:
+            return None, None
+        if not self.git.has(sha):
+            self.git.fetch(self.remote, [f"+{ref}:{self.local_ns}{ref_component(task)}"])
+        return sha, read_lease(self.git, sha)
+
+    def swap(self, task: str, old: str | None, doc: dict[str, Any]) -> str | None:
+        """Move the task's ref from ``old`` to a new lease commit; None when the swap lost."""
+        blob = self.git.blob(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS) + b"\n")
+        commit = self.git.commit(
+            self.git.tree([("lease.json", blob)]), old,
+            f"fleetclaims lease: {task} {doc['state']} {doc['owner']} fence {doc['fence']}")
+        return commit if self.git.push(self.remote, {lease_ref(task): (old, commit)}).ok else None
+
+    def record(self, task: str, action: str, claim_owner: str, fence: int, commit: str | None,
+               **extra: Any) -> None:
+        event = {"type": ev.REMOTE_LEASE, "task": task, "actor": claim_owner,
+                 "owner": claim_owner, "fence": fence, "remote": self.remote,
+                 "action": action, "commit": commit or ""}
+        event.update({k: v for k, v in extra.items() if v is not None})
+        self.reg._run(lambda state, now: Decision((event,)))
+
+    # --- operations --------------------------------------------------------------------------
+
+    def claim(self, task: str, take_stale: bool, preempt: bool,
+              grant_args: dict[str, Any]) -> Claim:
+        old, lease = self.read(task)
+        now = self.reg._now()
+        raw, grant = self.reg._grant(**grant_args)
+        if lease is not None and live(lease, now.wall) and lease["token_hash"] != grant.token_hash:
+            raise self._conflict(task, lease)
+        floor = int(lease["fence"]) if lease is not None else 0
+
+        def decide(state: State, now: Now) -> Decision:
+            current = state.claims.get(task)
+            verdict = UNKNOWN_VERDICT
+            if current is not None and current.live and current.token_hash != grant.token_hash:
+                verdict = self.reg._verdict(current)
+            # Above every fence the remote lease carried: fences only grow across machines.
+            lifted = replace(state, fence=max(state.fence, floor))
+            return rules.decide_claim(lifted, task, grant, now, verdict,
+                                      take_stale=take_stale, preempt=preempt)
+
+        _, state = self.reg._run(decide)
+        mine = state.claims.get(task)
+        assert mine is not None
+        try:
+            commit = self.swap(task, old, document(mine, HELD, state.origin))
+        except RemoteUnavailable:
+            self._undo(task, raw, mine, "the remote became unreachable")
+            raise
+        if commit is None:
+            _, lease = self.read(task)
+            self._undo(task, raw, mine, "another machine's swap landed first")
+            raise self._conflict(task, lease)
+        self.record(task, "claimed", mine.owner, mine.fence, commit,
+                    expires_at=mine.expires_at)
+        return mine.with_token(raw)
+
+    def change(self, task: str, token: str, action: str, local: Callable[[], T]) -> T:
+        """Renew, transition, hand off, release or complete ``task`` here and on the remote:
+        ``local()`` runs the local operation once the remote lease is known to be ours."""
+        th = token_hash(validate.token(token))
+        old, lease = self.read(task)
+        ours = lease is not None and lease["token_hash"] == th and lease["state"] == HELD
+        if lease is not None and not ours and action != "released":
+            raise NotHolder(task, f"the lease on git remote {self.remote!r} is "
+                            f"{lease['owner']}'s (fence {lease['fence']}, {lease['state']})",
+                            holder=str(lease["owner"]), fence=int(lease["fence"]))
+        result = local()
+        claim = self.reg.store.read().claims.get(task)
+        if not ours or claim is None:
+            return result  # not a remote claim (or no longer ours there): local only
+        state = {"released": RELEASED, "completed": COMPLETED}.get(action, HELD)
+        commit = self.swap(task, old, document(claim, state, self.reg.store.read().origin))
+        if commit is None:
+            self.record(task, "lost", claim.owner, claim.fence, None,
+                        reason="the remote lease moved meanwhile")
+            raise NotHolder(task, f"the lease on git remote {self.remote!r} moved while this "
+                            f"{action.replace('_', ' ')} was being recorded")
+        self.record(task, action, claim.owner, claim.fence, commit, expires_at=claim.expires_at)
+        return result
+
+    def _undo(self, task: str, raw: str, mine: Claim, why: str) -> None:
+        self.reg._run(lambda s, now: rules.decide_release(s, task, mine.token_hash, now))
+        self.record(task, "lost", mine.owner, mine.fence, None, reason=why)
+        del raw  # the token dies here: the grant never reached the remote
+
+    def _conflict(self, task: str, lease: dict[str, Any] | None) -> ClaimConflict:
+        lease = lease or {}
+        return ClaimConflict(
+            task, holder=str(lease.get("owner", "?")), fence=int(lease.get("fence", 0)),
+            expires_at=lease.get("expires_at"),
+            reason=f"held through git remote {self.remote!r} ({lease_ref(task)})")
+
+
+def live(lease: dict[str, Any], wall: float) -> bool:
+    expires = lease.get("expires_at")
+    return lease.get("state") == HELD and (expires is None or float(expires) > wall)
+
+
+def document(claim: Claim, state: str, origin: str) -> dict[str, Any]:
+    return {"format": 1, "task": claim.task, "state": state, "owner": claim.owner,
+            "token_hash": claim.token_hash, "fence": claim.fence,
+            "expires_at": claim.expires_at, "ttl": claim.ttl, "origin": origin}
+
+
+def read_lease(git: Git, commit: str) -> dict[str, Any] | None:
+    names = git.ls_tree(commit)
+    if "lease.json" not in names:
+        return None
+    data = orjson.loads(git.read_blobs([names["lease.json"]])[0])
+    return data if isinstance(data, dict) else None
+
+
+def remote_fence(git: Git, remote: str, task: str) -> int | None:
+    """The fence of ``task``'s lease on ``remote`` (None: no lease there)."""
+    leases = RemoteLeases.__new__(RemoteLeases)
+    leases.git, leases.remote = git, remote
+    leases.local_ns = f"refs/fleetclaims-sync/{remote_key(remote)}/leases/"
+    _, lease = leases.read(task)
+    return None if lease is None else int(lease["fence"])
+
+
+__all__ = ["LEASES_NS", "RemoteLeases", "document", "lease_ref", "live", "remote_fence"]

@@ -1,0 +1,197 @@
+"""``sync``: registries of several clones meet through their git remote (a bare repository,
+``file://``, a git daemon): published as sealed lines, merged with the one deterministic merge;
+offline changes nothing; a rewritten fleetclaims ref is detected."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from gitremote import git, git_daemon, registry_dir, remote_with_clones
+
+from fleetclaims import Registry
+from fleetclaims.cli import main
+from fleetclaims.core.errors import RemoteRewritten, RemoteUnavailable
+from fleetclaims.sync.history import JOURNAL_NS
+
+pytestmark = pytest.mark.integration
+
+
+def _events(reg: Registry) -> list[dict[str, object]]:
+    return list(reg.store.iter_events(0))
+
+
+def test_two_clones_that_claimed_apart_agree_on_one_winner(tmp_path: Path) -> None:
+    """Two clones claim one task apart; after syncing both show the same winner, each
+    explains it by the merge, and a later grant's fence is above every fence either saw."""
+    _, (a, b) = remote_with_clones(tmp_path, 2)
+    ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
+    ra.claim("t1", owner="alice", ttl=600, priority=5)
+    rb.claim("t1", owner="bob", ttl=600)
+    rb.claim("t2", owner="bob", ttl=600)
+    first = ra.sync("origin")
+    assert first.published and not first.merged
+    report = rb.sync("origin")
+    assert [c.winner for c in report.conflicts] == ["alice"]
+    ra.sync("origin")
+    assert rb.sync("origin").published is None  # converged: nothing new either way
+    for reg in (ra, rb):
+        assert reg.get("t1").owner == "alice" and reg.get("t2").owner == "bob"
+        assert "merge" in reg.explain("t1").why
+    top = max(ra.store.read().fence, rb.store.read().fence)
+    assert ra.claim("t3", owner="alice").fence > top
+
+
+def test_four_clones_converge(tmp_path: Path) -> None:
+    """Four clones each claim the same task apart; two rounds of sync leave all four with the
+    same holder and the same claim records."""
+    _, clones = remote_with_clones(tmp_path, 4)
+    regs = [Registry(registry_dir(c)) for c in clones]
+    for i, reg in enumerate(regs):
+        reg.claim("shared", owner=f"agent-{i}", ttl=600, priority=50 + (i * 7) % 4)
+        reg.claim(f"own-{i}", owner=f"agent-{i}", ttl=600)
+    for _round in range(2):
+        for reg in regs:
+            reg.sync("origin")
+    views = [{c.task: (c.owner, c.fence, c.state) for c in reg.claims()} for reg in regs]
+    assert all(v == views[0] for v in views) and len(views[0]) == 5
+    assert views[0]["shared"][0] == "agent-0"  # lowest priority number wins
+
+
+def test_offline_sync_changes_nothing_and_converges_later(tmp_path: Path) -> None:
+    """With the remote unreachable, sync raises RemoteUnavailable and writes nothing; once it
+    is back, syncing converges and fences are never reused."""
+    bare, (a, b) = remote_with_clones(tmp_path, 2)
+    ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
+    rb.claim("t", owner="bob", ttl=600)
+    rb.sync("origin")
+    hidden = bare.with_name("gone.git")
+    bare.rename(hidden)  # offline
+    ra.claim("t", owner="alice", ttl=600)
+    before = _events(ra)
+    with pytest.raises(RemoteUnavailable) as info:
+        ra.sync("origin")
+    assert info.value.code == "remote_unavailable"
+    assert _events(ra) == before
+    hidden.rename(bare)
+    ra.sync("origin")
+    rb.sync("origin")
+    assert ra.get("t").owner == rb.get("t").owner == "bob"  # the earlier claim
+    fences = {e["fence"] for reg in (ra, rb) for e in _events(reg)
+              if e.get("type") == "claim_created" and not e.get("imported")}
+    assert min(ra.claim("n", owner="x").fence, rb.claim("m", owner="y").fence) > max(fences)
+
+
+def test_git_clean_brings_the_history_back_from_the_remote(tmp_path: Path) -> None:
+    """`git clean -fdx` removes a clone's registry; the next sync takes its claims and their
+    audit back from the remote, and the holder's token still works."""
+    _, (a,) = remote_with_clones(tmp_path, 1)
+    ra = Registry(registry_dir(a))
+    token = ra.claim("t", owner="alice", ttl=600).token
+    ra.sync("origin")
+    ra.close()
+    git("clean", "-q", "-fdx", cwd=a)
+    assert not os.path.exists(registry_dir(a))
+    fresh = Registry(registry_dir(a))
+    assert fresh.get("t") is None
+    fresh.sync("origin")
+    assert fresh.get("t").owner == "alice"
+    assert fresh.renew("t", token=token).owner == "alice"
+    assert any(e.get("imported") and e.get("type") == "claim_created" for e in _events(fresh))
+
+
+def test_git_daemon_remote(tmp_path: Path) -> None:
+    """A remote served by `git daemon` on 127.0.0.1 (git:// URLs) works like a path."""
+    served = tmp_path / "srv"
+    served.mkdir()
+    with git_daemon(served) as url:
+        remote_with_clones(served, 0)
+        _, clones = remote_with_clones(tmp_path, 0)
+        a, b = tmp_path / "a", tmp_path / "b"
+        for clone in (a, b):
+            git("clone", "-q", f"{url}/remote.git", str(clone), cwd=tmp_path)
+        del clones
+        ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
+        ra.claim("t", owner="alice", ttl=600)
+        ra.sync()  # the branch's remote: origin, the daemon
+        rb.sync()
+        assert rb.get("t").owner == "alice"
+        refs = git("ls-remote", f"{url}/remote.git", JOURNAL_NS + "*", cwd=a)
+        assert len(refs.splitlines()) == 2
+
+
+def _rewrite(bare: Path, ref: str) -> None:
+    """Point ``ref`` in the bare remote at an unrelated commit (a force-push)."""
+    tree = git("mktree", cwd=bare)
+    commit = git("commit-tree", tree, "-m", "rewritten", cwd=bare)
+    git("update-ref", ref, commit, cwd=bare)
+
+
+@pytest.mark.parametrize("how", ["force-pushed", "deleted"])
+def test_rewritten_ref_is_detected_and_nothing_is_lost(tmp_path: Path, how: str) -> None:
+    """A fleetclaims ref force-pushed or deleted on the remote: the next sync of a clone that
+    saw it raises RemoteRewritten and changes nothing; --accept-rewritten goes on."""
+    bare, (a, b) = remote_with_clones(tmp_path, 2)
+    ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
+    ra.claim("t", owner="alice", ttl=600)
+    ra.sync("origin")
+    rb.sync("origin")
+    ref = JOURNAL_NS + ra.store.read().origin
+    if how == "deleted":
+        git("update-ref", "-d", ref, cwd=bare)
+    else:
+        _rewrite(bare, ref)
+    for reg in (ra, rb):  # the publisher and the clone that only saw it
+        before = _events(reg)
+        with pytest.raises(RemoteRewritten) as info:
+            reg.sync("origin")
+        assert info.value.ref == ref and how.split("-")[0] in str(info.value)
+        assert _events(reg) == before
+    ra.sync("origin", accept_rewritten=True)  # published whole again
+    rb.sync("origin")
+    assert rb.get("t").owner == "alice"
+
+
+def test_tampered_history_does_not_verify(tmp_path: Path) -> None:
+    """A published journal whose bytes were changed (and re-committed on top) is refused:
+    every line is checked against its seal before a merge."""
+    bare, (a, b) = remote_with_clones(tmp_path, 2)
+    ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
+    ra.claim("t", owner="alice", ttl=600)
+    ra.sync("origin")
+    ref = JOURNAL_NS + ra.store.read().origin
+    old = git("rev-parse", ref, cwd=bare)
+    entries = git("ls-tree", old, cwd=bare).splitlines()
+    name = next(e for e in entries if "journal-" in e)
+    blob = name.split()[2]
+    data = git("cat-file", "blob", blob, cwd=bare).replace("alice", "mallory") + "\n"
+    new_blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=bare, input=data,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    tree = subprocess.run(["git", "mktree"], cwd=bare, capture_output=True, text=True,
+                          check=True, input="\n".join(e.replace(blob, new_blob)
+                                                      for e in entries) + "\n").stdout.strip()
+    commit = git("commit-tree", tree, "-p", old, "-m", "tampered", cwd=bare)
+    git("update-ref", ref, commit, cwd=bare)
+    before = _events(rb)
+    with pytest.raises(RemoteRewritten, match="does not verify"):
+        rb.sync("origin")
+    assert _events(rb) == before
+
+
+def test_cli_sync_reports_and_exits_by_the_table(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`fleetclaims sync REMOTE --json` prints what it merged and published; offline it exits
+    1 with the typed error."""
+    bare, (a, b) = remote_with_clones(tmp_path, 2)
+    Registry(registry_dir(a)).claim("t", owner="alice", ttl=600)
+    assert main(["sync", str(bare), "--dir", registry_dir(a), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["published"] and doc["remote"] == str(bare)
+    Registry(registry_dir(b)).claim("u", owner="bob", ttl=600)
+    assert main(["sync", str(bare), "--dir", registry_dir(b)]) == 0
+    assert "1 registries merged" in capsys.readouterr().out
+    assert main(["sync", str(tmp_path / "nowhere.git"), "--dir", registry_dir(b), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["error"] == "remote_unavailable"

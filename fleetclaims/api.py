@@ -155,16 +155,19 @@ class Registry:
         preempt: bool = False,
         process: bool | int = True,
         remote: str | None = None,
-        wait: float | None = None,
     ) -> Claim:
         """Claim ``task`` for ``owner`` for ``ttl`` seconds. Raises ClaimConflict when anyone
         holds it live, TaskCompleted when it is done. The returned claim carries the token.
 
         ``process`` names the owner process whose death makes the claim stale before its lease
-        ends: True (default) this process, an int another PID, False none (lease only)."""
+        ends: True (default) this process, an int another PID, False none (lease only).
+        ``remote`` (default: the registry's) also takes the lease on that git remote."""
         task = validate.task(task)
         take_stale = validate.flag("take_stale", take_stale)
         preempt = validate.flag("preempt", preempt)
+        if (leases := self._leases(remote)) is not None:
+            return leases.claim(task, take_stale, preempt, dict(owner=owner, token=token, ttl=ttl,
+                                priority=priority, note=note, metadata=metadata, process=process))
         raw, grant = self._grant(owner, token, ttl, priority=priority, note=note,
                                  metadata=metadata, process=process)
 
@@ -240,14 +243,12 @@ class Registry:
         ttl: float = validate.DEFAULT_TTL,
         note: str | None = None,
         priority: int = 100,
-        process: bool | int = True,
     ) -> Claim:
         """Take over a stale claim (expired lease or owner proven dead); recorded with the
-        previous owner, fence and reason. A live owner is never robbed (ClaimConflict).
-        ``process`` as for ``claim``."""
+        previous owner, fence and reason. A live owner is never robbed (ClaimConflict)."""
         task = validate.task(task)
         why = validate.required_reason(reason, "say why you take the task over")
-        raw, grant = self._grant(owner, None, ttl, priority=priority, note=note, process=process)
+        raw, grant = self._grant(owner, None, ttl, priority=priority, note=note)
 
         def decide(state: State, now: Now) -> Decision:
             return rules.decide_recover(
@@ -258,17 +259,12 @@ class Registry:
         return self._mine(state, task, raw)
 
     def transition(
-        self, task: str, *, token: str, phase: str, ttl: float | None = None,
-        max_park: float | None = None,
+        self, task: str, *, token: str, phase: str, ttl: float | None = None
     ) -> Claim:
-        """Move the claim to another phase (e.g. ``review``). ``ttl=None`` parks it: no lease;
-        it ends when the owner process dies, or after ``max_park`` seconds (default: a day
-        when no owner process is recorded), so a dead agent never wedges the task."""
+        """Move the claim to another phase (e.g. ``review``). ``ttl=None`` parks it: no expiry."""
         task, th, ph = validate.task(task), self._token(token), validate.phase(phase)
         ttl = validate.ttl(ttl, allow_none=True)
-        max_park = validate.ttl(max_park, allow_none=True)
-        _, state = self._run(lambda s, now: rules.decide_transition(s, task, th, ph, ttl, now,
-                                                                    max_park))
+        _, state = self._run(lambda s, now: rules.decide_transition(s, task, th, ph, ttl, now))
         return self._mine(state, task, token)
 
     def handoff(

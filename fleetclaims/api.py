@@ -7,11 +7,12 @@ import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import _open, _reads
+from . import _open, _reads, _wait
 from ._lease import Lease
+from ._queue_api import QueueMethods
 from ._reads import OwnerStats, Stats
 from .core import events as ev
-from .core import queue, rules, validate
+from .core import rules, validate
 from .core.chain import token_hash
 from .core.errors import (
     AccessDenied,
@@ -41,7 +42,7 @@ def new_token() -> str:
     return secrets.token_urlsafe(24)
 
 
-class Registry:
+class Registry(QueueMethods):
     """A claims registry. ``path`` is a directory (the embedded file store) or a
     ``postgresql://`` URL; None picks the default location (see ``fleetclaims.location``).
 
@@ -155,9 +156,11 @@ class Registry:
         preempt: bool = False,
         process: bool | int = True,
         remote: str | None = None,
+        wait: float | None = None,
     ) -> Claim:
         """Claim ``task`` for ``owner`` for ``ttl`` seconds. Raises ClaimConflict when anyone
         holds it live, TaskCompleted when it is done. The returned claim carries the token.
+        With ``wait`` (seconds), wait that long for the holder to let go (see ``_wait``).
 
         ``process`` names the owner process whose death makes the claim stale before its lease
         ends: True (default) this process, an int another PID, False none (lease only).
@@ -165,6 +168,7 @@ class Registry:
         task = validate.task(task)
         take_stale = validate.flag("take_stale", take_stale)
         preempt = validate.flag("preempt", preempt)
+        wait = _wait.check_wait(wait)
         if (leases := self._leases(remote)) is not None:
             return leases.claim(task, take_stale, preempt, dict(owner=owner, token=token, ttl=ttl,
                                 priority=priority, note=note, metadata=metadata, process=process))
@@ -179,7 +183,7 @@ class Registry:
             return rules.decide_claim(state, task, grant, now, verdict,
                                       take_stale=take_stale, preempt=preempt)
 
-        _, state = self._run(decide)
+        _, state = _wait.transact(self, decide, wait)
         return self._mine(state, task, raw)
 
     def _mine(self, state: State, task: str, raw: str) -> Claim:
@@ -243,12 +247,14 @@ class Registry:
         ttl: float = validate.DEFAULT_TTL,
         note: str | None = None,
         priority: int = 100,
+        process: bool | int = True,
     ) -> Claim:
         """Take over a stale claim (expired lease or owner proven dead); recorded with the
-        previous owner, fence and reason. A live owner is never robbed (ClaimConflict)."""
+        previous owner, fence and reason. A live owner is never robbed (ClaimConflict).
+        ``process`` as for ``claim``."""
         task = validate.task(task)
         why = validate.required_reason(reason, "say why you take the task over")
-        raw, grant = self._grant(owner, None, ttl, priority=priority, note=note)
+        raw, grant = self._grant(owner, None, ttl, priority=priority, note=note, process=process)
 
         def decide(state: State, now: Now) -> Decision:
             return rules.decide_recover(
@@ -259,12 +265,17 @@ class Registry:
         return self._mine(state, task, raw)
 
     def transition(
-        self, task: str, *, token: str, phase: str, ttl: float | None = None
+        self, task: str, *, token: str, phase: str, ttl: float | None = None,
+        max_park: float | None = None,
     ) -> Claim:
-        """Move the claim to another phase (e.g. ``review``). ``ttl=None`` parks it: no expiry."""
+        """Move the claim to another phase (e.g. ``review``). ``ttl=None`` parks it: no lease;
+        it ends when the owner process dies, or after ``max_park`` seconds (default: a day
+        when no owner process is recorded), so a dead agent never wedges the task."""
         task, th, ph = validate.task(task), self._token(token), validate.phase(phase)
         ttl = validate.ttl(ttl, allow_none=True)
-        _, state = self._run(lambda s, now: rules.decide_transition(s, task, th, ph, ttl, now))
+        max_park = validate.ttl(max_park, allow_none=True)
+        _, state = self._run(lambda s, now: rules.decide_transition(s, task, th, ph, ttl, now,
+                                                                    max_park))
         return self._mine(state, task, token)
 
     def handoff(
@@ -294,120 +305,6 @@ class Registry:
         who = validate.owner(actor, "actor")
         decision, state = self._run(lambda s, now: rules.decide_reopen(s, task, who, why))
         return state.claims.get(task) if decision.result else None
-
-    # --- the work queue ----------------------------------------------------------------------
-
-    def add(
-        self,
-        task: str,
-        *,
-        priority: int = 100,
-        depends_on: Iterable[str] = (),
-        labels: Iterable[str] = (),
-        note: str | None = None,
-        actor: str = "operator",
-    ) -> queue.Task:
-        """Put ``task`` in the work queue (or update it). Idempotent for identical input; a
-        change is recorded as ``task_updated``. Raises DependencyCycle when ``depends_on``
-        would make the task wait for itself."""
-        spec = queue.Task(
-            task=validate.task(task),
-            priority=validate.priority(priority),
-            depends_on=validate.names("depends_on", depends_on),
-            labels=validate.names("labels", labels, validate.label),
-            note=validate.text("note", note),
-        )
-        who = validate.owner(actor, "actor")
-        _, state = self._run(lambda s, now: rules.decide_add(s, spec, who))
-        return queue.require(state.tasks, spec.task)
-
-    def depend(self, task: str, *, on: Iterable[str], actor: str = "operator") -> queue.Task:
-        """Make ``task`` (already in the queue) also wait for the tasks in ``on``."""
-        task = validate.task(task)
-        deps = validate.names("on", on)
-        who = validate.owner(actor, "actor")
-        _, state = self._run(lambda s, now: rules.decide_depend(s, task, deps, who))
-        return queue.require(state.tasks, task)
-
-    def block(self, task: str, *, reason: str, actor: str = "operator") -> bool:
-        """Keep ``task`` from being claimed until ``unblock``; False if already blocked so."""
-        task = validate.task(task)
-        why = validate.required_reason(reason, "say why the task is blocked")
-        who = validate.owner(actor, "actor")
-        decision, _ = self._run(lambda s, now: rules.decide_block(s, task, why, who))
-        return bool(decision.result)
-
-    def unblock(self, task: str, *, reason: str | None = None, actor: str = "operator") -> bool:
-        """Let ``task`` be claimed again; False if it was not blocked."""
-        task = validate.task(task)
-        why = validate.reason(reason)
-        who = validate.owner(actor, "actor")
-        decision, _ = self._run(lambda s, now: rules.decide_unblock(s, task, who, why))
-        return bool(decision.result)
-
-    def claim_next(
-        self,
-        *,
-        owner: str,
-        labels: Iterable[str] | None = None,
-        ttl: float = validate.DEFAULT_TTL,
-        note: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        take_stale: bool = False,
-        process: bool | int = True,
-    ) -> Claim | None:
-        """Atomically claim the best ready task (lowest priority number, then oldest, then
-        id) carrying every label in ``labels``; None when nothing is ready. With
-        ``take_stale``, a stale claim of an otherwise ready task counts as ready."""
-        wanted = frozenset(validate.names("labels", labels, validate.label))
-        take_stale = validate.flag("take_stale", take_stale)
-        raw, grant = self._grant(owner, None, ttl, note=note, metadata=metadata,
-                                 process=process)
-
-        def decide(state: State, now: Now) -> Decision:
-            return rules.decide_claim_next(state, grant, now, self._verdict, labels=wanted,
-                                           take_stale=take_stale)
-
-        decision, state = self._run(decide)
-        if decision.result is None:
-            return None
-        return self._mine(state, str(decision.result), raw)
-
-    def task(self, task: str) -> queue.TaskStatus | None:
-        """A queued task with its readiness now, or None when it is not in the queue."""
-        state = self.store.read()
-        record = state.tasks.get(validate.task(task))
-        return None if record is None else queue.status(record, state.claims)
-
-    def tasks(self, status: Iterable[str] | None = None,
-              labels: Iterable[str] | None = None) -> list[queue.TaskStatus]:
-        """Every queued task with its readiness, in hand-out order (priority number, age,
-        id); filtered to the given readiness states and to tasks carrying every label."""
-        wanted = None if status is None else set(validate.names("status", status, str))
-        if wanted is not None and not wanted <= set(queue.READINESS_ORDER):
-            raise ValidationError("status", "must be among " + ", ".join(queue.READINESS_ORDER),
-                                  value=sorted(wanted))
-        need = frozenset(validate.names("labels", labels, validate.label))
-        state = self.store.read()
-        found = []
-        for record in sorted(state.tasks.values(), key=lambda t: t.key):
-            if not need <= set(record.labels):
-                continue
-            item = queue.status(record, state.claims)
-            if wanted is None or item.status in wanted:
-                found.append(item)
-        return found
-
-    def ready(self, labels: Iterable[str] | None = None) -> list[queue.Task]:
-        """What ``claim_next`` would hand out now, best first (stale claims not included)."""
-        need = frozenset(validate.names("labels", labels, validate.label))
-        state = self.store.read()
-        out = []
-        for key in state.tasks.ready_keys(state.claims):
-            record = state.tasks.get(key[2])
-            if record is not None and need <= set(record.labels):
-                out.append(record)
-        return out
 
     def sweep(self, *, dry_run: bool = False, actor: str = "sweeper") -> SweepReport:
         """Record ``lease_expired`` for every claim whose lease ran out or whose owner is dead."""

@@ -43,7 +43,7 @@ def add_parsers(add: AddParser) -> None:
 def _add_write_parsers(add: AddParser) -> None:
     p = add("claim", "claim a task under a lease")
     p.add_argument("task")
-    p.add_argument("--owner", required=True, help="who claims it, e.g. agent-a")
+    owner_option(p)
     p.add_argument("--ttl", type=dur("ttl"), default=600.0, help="lease length (default 10m)")
     p.add_argument("--note")
     p.add_argument("--priority", type=int, default=100, help="lower wins duplicates (default 100)")
@@ -56,6 +56,7 @@ def _add_write_parsers(add: AddParser) -> None:
     p.add_argument("--pid", type=int, default=None,
                    help="the owner's process (e.g. $$ in a shell script): when it dies the claim "
                    "is stale at once; without it the lease alone decides")
+    wait_option(p, "for the holder to let go")
     remote_option(p)
 
     p = add("renew", "extend your lease")
@@ -80,16 +81,23 @@ def _add_write_parsers(add: AddParser) -> None:
 
     p = add("recover", "take over a stale claim (expired lease or dead owner)")
     p.add_argument("task")
-    p.add_argument("--owner", required=True)
+    owner_option(p)
     p.add_argument("--reason", required=True)
     p.add_argument("--ttl", type=dur("ttl"), default=600.0)
     p.add_argument("--note")
+    p.add_argument("--pid", type=int, default=None,
+                   help="the new owner's process: when it dies the claim is stale at once; "
+                   "without it the lease alone decides (this command's own process is not "
+                   "recorded: it exits at once)")
 
     p = add("transition", "move your claim to another phase (without --ttl: parked, no expiry)")
     p.add_argument("task")
     token_option(p)
     p.add_argument("--phase", required=True)
     p.add_argument("--ttl", type=dur("ttl"))
+    p.add_argument("--max-park", type=dur("max_park"), default=None,
+                   help="without --ttl: the claim is stale after this long (default 1d when "
+                   "the claim records no owner process, as from the CLI without --pid)")
 
     p = add("handoff", "hand your claim to another owner (new token, new fence)")
     p.add_argument("task")
@@ -128,17 +136,41 @@ def _add_read_parsers(add: AddParser) -> None:
     p.add_argument("--actor", default="sweeper")
 
 
+def owner_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--owner", default=None,
+                   help="who claims it, e.g. agent-a (default: $FLEETCLAIMS_OWNER)")
+
+
+def owner_of(args: argparse.Namespace) -> str:
+    """``--owner``, else ``$FLEETCLAIMS_OWNER``; refused (usage) when neither is set."""
+    from ..core.errors import ValidationError
+
+    owner = args.owner or os.environ.get("FLEETCLAIMS_OWNER") or None
+    if owner is None:
+        raise ValidationError("owner", "is required: pass --owner NAME or set FLEETCLAIMS_OWNER")
+    return str(owner)
+
+
+def wait_option(p: argparse.ArgumentParser, what: str) -> None:
+    from .._wait import WAIT_MAX
+
+    p.add_argument("--wait", type=dur("wait"), nargs="?", const=WAIT_MAX, default=None,
+                   metavar="DURATION",
+                   help=f"wait {what} (woken by registry changes, no polling), at most "
+                   "DURATION (default: a week); one refusal is recorded per wait")
+
+
 # --- changes -----------------------------------------------------------------------------------
 
 
 def cmd_claim(args: argparse.Namespace, out: Out) -> int:
     reg = registry(args)
-    c = reg.claim(args.task, owner=args.owner, ttl=args.ttl, note=args.note,
+    c = reg.claim(args.task, owner=owner_of(args), ttl=args.ttl, note=args.note,
                   priority=args.priority, token=args.token,
                   metadata=json_arg("metadata", args.metadata, plain_ok=False),
                   take_stale=args.take_stale, preempt=args.preempt,
                   process=args.pid if args.pid is not None else False,
-                  remote=remote_arg(args, reg))
+                  remote=remote_arg(args, reg), wait=args.wait)
     show_claim(out, c, "claimed")
     return EXIT_OK
 
@@ -173,14 +205,18 @@ def cmd_complete(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_recover(args: argparse.Namespace, out: Out) -> int:
-    c = registry(args).recover(args.task, owner=args.owner, reason=args.reason, ttl=args.ttl,
-                               note=args.note)
+    # The CLI records an owner process only when told (--pid): this command exits at once, so
+    # recording it would make the recovered claim "owner dead" a moment later.
+    c = registry(args).recover(args.task, owner=owner_of(args), reason=args.reason,
+                               ttl=args.ttl, note=args.note,
+                               process=args.pid if args.pid is not None else False)
     show_claim(out, c, "recovered")
     return EXIT_OK
 
 
 def cmd_transition(args: argparse.Namespace, out: Out) -> int:
-    c = registry(args).transition(args.task, token=token(args), phase=args.phase, ttl=args.ttl)
+    c = registry(args).transition(args.task, token=token(args), phase=args.phase, ttl=args.ttl,
+                                  max_park=args.max_park)
     show_claim(out, c.with_token(None), "moved")
     return EXIT_OK
 
@@ -226,7 +262,8 @@ def _queue_doc(queued: TaskStatus | None) -> dict[str, Any] | None:
         return None
     return {"status": queued.status, "waits_for": list(queued.waits_for),
             "priority": queued.task.priority, "depends_on": list(queued.task.depends_on),
-            "labels": list(queued.task.labels), "blocked": queued.task.blocked}
+            "labels": list(queued.task.labels), "blocked": queued.task.blocked,
+            "title": queued.task.title, "description": queued.task.description}
 
 
 def cmd_get(args: argparse.Namespace, out: Out) -> int:
@@ -241,6 +278,7 @@ def cmd_get(args: argparse.Namespace, out: Out) -> int:
             block = f": {queued.task.blocked}" if queued.task.blocked else ""
             out.line(f"{args.task} is queued and has never been claimed: "
                      f"{queued.status}{block}{waits}")
+            _describe(out, queued)
         else:
             out.line(f"{args.task} has never been claimed")
         return EXIT_OK
@@ -270,7 +308,19 @@ def cmd_get(args: argparse.Namespace, out: Out) -> int:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         out.line(f"{key.ljust(width)}  {value}")
+    _describe(out, queued)
     return EXIT_OK
+
+
+def _describe(out: Out, queued: TaskStatus | None) -> None:
+    """The queued task's title and description, when it has them."""
+    if queued is None:
+        return
+    if queued.task.title:
+        out.line(f"title: {queued.task.title}")
+    if queued.task.description:
+        out.line("")
+        out.line(queued.task.description)
 
 
 def _claim_fields(c: Claim, now: float) -> list[tuple[str, str]]:
@@ -280,7 +330,8 @@ def _claim_fields(c: Claim, now: float) -> list[tuple[str, str]]:
         ("claimed", f"{relative(c.claimed_at, now)} ({iso(c.claimed_at)})"),
         ("renewed", f"{relative(c.renewed_at, now)}"),
         ("expires", "never (parked)" if c.expires_at is None
-         else f"{relative(c.expires_at, now)} ({iso(c.expires_at)})"),
+         else f"{relative(c.expires_at, now)} ({iso(c.expires_at)})"
+         + (" at the latest (parked)" if c.ttl is None else "")),
     ]
     if c.note:
         rows.append(("note", c.note))

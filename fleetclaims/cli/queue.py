@@ -8,20 +8,25 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..core.durations import relative
+from ..core.errors import ValidationError
 from .args import AddParser, Handler, dur, reader, registry
-from .output import EXIT_OK, exit_code, show_claim
+from .claims import owner_of, owner_option, wait_option
+from .output import EXIT_OK, claim_doc, exit_code, show_claim
 
 if TYPE_CHECKING:
     from ..core.queue import Task, TaskStatus
     from .output import Out
 
 EXAMPLES = {
-    "add": "fleetclaims add build-docs --priority 10 --after write-docs --label docs",
+    "add": "fleetclaims add build-docs --priority 10 --after write-docs --label docs "
+    "--title 'Build the docs'\n  fleetclaims add --from tasks.jsonl   # JSONL or a JSON list, "
+    "one transaction",
     "depend": "fleetclaims depend release-1.2 --on build-docs --on run-tests",
     "block": "fleetclaims block release-1.2 --reason 'waiting for legal review'",
     "unblock": "fleetclaims unblock release-1.2",
     "claim-next": "fleetclaims claim-next --owner agent-a --label docs --ttl 15m\n"
-    "  # exit 3 and no claim when nothing is ready",
+    "  # exit 3 and no claim when nothing is ready\n"
+    "  fleetclaims next --wait 10m   # owner from $FLEETCLAIMS_OWNER; sleeps until one is",
     "ready": "fleetclaims ready --label docs",
     "tasks": "fleetclaims tasks --status pending",
 }
@@ -29,7 +34,13 @@ EXAMPLES = {
 
 def add_parsers(add: AddParser) -> None:
     p = add("add", "put a task in the work queue (or update it); repeats change nothing")
-    p.add_argument("task")
+    p.add_argument("task", nargs="?", help="the task id (or give --from FILE)")
+    p.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="add every task of FILE in one transaction: JSON Lines or one JSON "
+                   "list of objects with id, title, description, labels, priority, depends_on "
+                   "('-' reads standard input)")
+    p.add_argument("--title", help="a one-line summary shown by tasks, get, next and brief")
+    p.add_argument("--description", help="what to do, shown by get, next and brief")
     p.add_argument("--priority", type=int, default=100,
                    help="lower numbers are handed out first (default 100)")
     p.add_argument("--after", "--depends-on", dest="depends_on", action="append", default=[],
@@ -52,7 +63,7 @@ def add_parsers(add: AddParser) -> None:
     p.add_argument("--reason")
 
     p = add("claim-next", "claim the best ready task of the queue (atomically), or exit 3")
-    p.add_argument("--owner", required=True)
+    owner_option(p)
     p.add_argument("--label", dest="labels", action="append", default=[],
                    help="only tasks carrying this label (repeatable: all of them)")
     p.add_argument("--ttl", type=dur("ttl"), default=600.0, help="lease length (default 10m)")
@@ -61,6 +72,7 @@ def add_parsers(add: AddParser) -> None:
                    help="a ready task whose claim is stale counts as ready")
     p.add_argument("--pid", type=int, default=None,
                    help="the owner's process: when it dies the claim is stale at once")
+    wait_option(p, "for a task to become ready")
 
     p = add("ready", "what `claim-next` would hand out now, best first")
     p.add_argument("--label", dest="labels", action="append", default=[])
@@ -81,11 +93,16 @@ def _status_doc(s: TaskStatus) -> dict[str, Any]:
 
 
 def cmd_add(args: argparse.Namespace, out: Out) -> int:
+    if args.from_file is not None:
+        return _add_from(args, out)
+    if args.task is None:
+        raise ValidationError("task", "is missing: fleetclaims add TASK, or add --from FILE")
     reg = registry(args)
     seq = reg.stats().seq
     existed = reg.task(args.task) is not None
     t = reg.add(args.task, priority=args.priority, depends_on=args.depends_on,
-                labels=args.labels, note=args.note)
+                labels=args.labels, note=args.note, title=args.title,
+                description=args.description)
     changed = reg.stats().seq != seq
     if out.json:
         out.doc({**_task_doc(t), "changed": changed})
@@ -96,6 +113,59 @@ def cmd_add(args: argparse.Namespace, out: Out) -> int:
     out.line(f"{out.paint(verb, '32')} {t.task}: priority {t.priority}{after}; "
              f"{status.status if status else '?'}")
     return EXIT_OK
+
+
+def _add_from(args: argparse.Namespace, out: Out) -> int:
+    """``add --from FILE``: every task of the file in one transaction (all or none)."""
+    given = [f"--{n}" for n, v in (("title", args.title), ("description", args.description),
+                                   ("note", args.note)) if v is not None]
+    if args.task is not None or args.depends_on or args.labels or given \
+            or args.priority != 100:
+        raise ValidationError("from", "takes every field from the file; give no TASK or "
+                              "other options with it")
+    items = read_tasks(args.from_file)
+    reg = registry(args)
+    written = reg.add_many(items)
+    if out.json:
+        out.doc({"tasks": len(items), "events": written})
+    else:
+        out.line(f"{out.paint('added', '32')} {len(items)} tasks from {args.from_file} in one "
+                 f"transaction ({written} changed, {len(items) - written} unchanged or updated)"
+                 if written else f"unchanged: the {len(items)} tasks of {args.from_file} are "
+                 "already queued as given")
+    return EXIT_OK
+
+
+def read_tasks(path: str) -> list[Any]:
+    """The tasks of a file: one JSON list, or JSON Lines (one object a line; blank lines and
+    lines starting with # are skipped). Errors name the line."""
+    import json
+    import sys
+
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read(64 * 1024 * 1024 + 1)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValidationError("from", f"cannot read {path}: {exc}") from None
+    if len(text) > 64 * 1024 * 1024:
+        raise ValidationError("from", f"{path} is larger than 64 MiB; add it in parts")
+    stripped = text.lstrip()
+    try:
+        if stripped.startswith("["):
+            items = json.loads(stripped)
+        else:
+            items = [json.loads(line) for line in text.splitlines()
+                     if line.strip() and not line.lstrip().startswith("#")]
+    except (json.JSONDecodeError, RecursionError) as exc:
+        where = f" (line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise ValidationError("from", f"{path} is not JSON Lines or a JSON list{where}: "
+                              f"{exc}") from None
+    if not isinstance(items, list) or not items:
+        raise ValidationError("from", f"{path} holds no tasks")
+    return items
 
 
 def cmd_depend(args: argparse.Namespace, out: Out) -> int:
@@ -132,11 +202,22 @@ def cmd_unblock(args: argparse.Namespace, out: Out) -> int:
 
 def cmd_claim_next(args: argparse.Namespace, out: Out) -> int:
     reg = registry(args)
-    c = reg.claim_next(owner=args.owner, labels=args.labels, ttl=args.ttl, note=args.note,
+    c = reg.claim_next(owner=owner_of(args), labels=args.labels, ttl=args.ttl, note=args.note,
                        take_stale=args.take_stale,
-                       process=args.pid if args.pid is not None else False)
+                       process=args.pid if args.pid is not None else False, wait=args.wait)
     if c is not None:
+        queued = reg.task(c.task)
+        if out.json:
+            doc = claim_doc(c, time.time())
+            if queued is not None:
+                doc.update(title=queued.task.title, description=queued.task.description)
+            out.doc(doc)
+            return EXIT_OK
         show_claim(out, c, "claimed")
+        if queued is not None and queued.task.title:
+            out.line(f"title: {queued.task.title}")
+        if queued is not None and queued.task.description:
+            out.line(queued.task.description)
         return EXIT_OK
     counts = reg.stats().queue
     if out.json:
@@ -157,9 +238,9 @@ def cmd_ready(args: argparse.Namespace, out: Out) -> int:
         out.line("nothing ready (see `fleetclaims tasks` for what is pending or blocked)")
         return EXIT_OK
     now = time.time()
-    out.table(["TASK", "PRIORITY", "LABELS", "ADDED", "NOTE"],
+    out.table(["TASK", "PRIORITY", "LABELS", "ADDED", "TITLE"],
               [[t.task, str(t.priority), ",".join(t.labels), relative(t.added_at, now),
-                t.note or ""] for t in tasks])
+                t.title or t.note or ""] for t in tasks])
     return EXIT_OK
 
 
@@ -181,8 +262,8 @@ def cmd_tasks(args: argparse.Namespace, out: Out) -> int:
                   else f"held by {s.holder}" if s.holder
                   else f"blocked: {s.task.blocked}" if s.task.blocked else "")
         rows.append([s.task.task, s.status.upper(), str(s.task.priority),
-                     ",".join(s.task.labels), detail])
-    out.table(["TASK", "STATUS", "PRIORITY", "LABELS", "DETAIL"], rows)
+                     ",".join(s.task.labels), s.task.title or "", detail])
+    out.table(["TASK", "STATUS", "PRIORITY", "LABELS", "TITLE", "DETAIL"], rows)
     out.line("queue: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
     return EXIT_OK
 

@@ -54,6 +54,7 @@ _GRANT = ("task", "actor", "owner", "fence", "token_hash", "phase", "priority", 
           "metadata", "identity", *_DEADLINE)
 _HOLDER = ("task", "actor", "owner", "fence")  # an event about the current holder's claim
 _QUEUE_SPEC = ("task", "actor", "priority", "depends_on", "labels", "note")
+_QUEUE_TEXT = ("title", "description")  # only when set (events before #17 have neither)
 
 
 class _Blank(dict[str, Any]):
@@ -117,10 +118,10 @@ CLAIM_PREEMPTED: Final = _declare(
     "{owner} preempted {prev_owner} on {task} (fence {prev_fence} -> {fence}); rule: {rule}")
 PHASE_CHANGED: Final = _declare(
     "phase_changed", (*_HOLDER, "from_phase", "phase", *_DEADLINE),
-    "{owner} moved {task} from {from_phase} to {phase}")
+    "{owner} moved {task} from {from_phase} to {phase}", ("park",))
 CLAIM_HANDED_OFF: Final = _declare(
     "claim_handed_off", (*_GRANT, "prev_owner", "prev_fence"),
-    "{prev_owner} handed {task} off to {owner} (fence {prev_fence} -> {fence})")
+    "{prev_owner} handed {task} off to {owner} (fence {prev_fence} -> {fence})", ("park",))
 CLAIM_SUPERSEDED: Final = _declare(
     "claim_superseded",
     (*_HOLDER, "winner", "loser", "loser_fence", "loser_token_hash", "rule"),
@@ -139,10 +140,11 @@ REGISTRIES_MERGED: Final = _declare(
      "conflicts"),
     "registry merged from {source}", ("tasks", "task_conflicts", "queue_cycles", "origin"))
 TASK_ADDED: Final = _declare(
-    "task_added", _QUEUE_SPEC, "{actor} added {task} to the queue (priority {priority})")
+    "task_added", _QUEUE_SPEC, "{actor} added {task} to the queue (priority {priority})",
+    _QUEUE_TEXT)
 TASK_UPDATED: Final = _declare(
     "task_updated", (*_QUEUE_SPEC, "changed"),
-    "{actor} updated {task} in the queue (priority {priority})")
+    "{actor} updated {task} in the queue (priority {priority})", _QUEUE_TEXT)
 TASK_BLOCKED: Final = _declare(
     "task_blocked", ("task", "actor", "reason"), "{actor} blocked {task}: {reason}")
 TASK_UNBLOCKED: Final = _declare(
@@ -414,6 +416,8 @@ def _apply_task_event(tasks: TaskView, claims: ClaimView, kind: str, event: dict
             depends_on=_names(event.get("depends_on") or ()),
             labels=_names(event.get("labels") or ()),
             note=_opt_str(event.get("note")),
+            title=_opt_str(event.get("title")),
+            description=_opt_str(event.get("description")),
             added_at=ts if current is None else current.added_at,
             added_by=_str(event.get("actor") or "") if current is None else current.added_by,
             blocked=None if current is None else current.blocked,

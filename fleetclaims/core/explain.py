@@ -36,7 +36,10 @@ class Explanation:
 
 def _ttl(event: dict[str, Any]) -> str:
     ttl = event.get("ttl")
-    return "parked, no expiry" if ttl is None else f"lease {format_duration(float(ttl))}"
+    if ttl is None:
+        park = event.get("park")  # the liveness source of a park (older events have none)
+        return f"parked; ends with {park}" if park else "parked, no expiry"
+    return f"lease {format_duration(float(ttl))}"
 
 
 def describe(e: dict[str, Any]) -> str:

@@ -279,6 +279,8 @@ class Task:
     depends_on: tuple[str, ...] = ()
     labels: tuple[str, ...] = ()
     note: str | None = None
+    title: str | None = None  # a one-line summary people and agents read in listings
+    description: str | None = None  # what to do, as long as it needs (shown by show/next)
     added_at: float = 0.0
     added_by: str = ""
     blocked: str | None = None  # the reason, while blocked
@@ -295,8 +297,9 @@ class Task:
 
     def same_spec(self, other: Task) -> bool:
         """Whether ``add`` with ``other``'s input would change nothing."""
-        return (self.priority, self.depends_on, self.labels, self.note) == (
-            other.priority, other.depends_on, other.labels, other.note)
+        return (self.priority, self.depends_on, self.labels, self.note, self.title,
+                self.description) == (other.priority, other.depends_on, other.labels,
+                                      other.note, other.title, other.description)
 
     def to_dict(self, *, compact: bool = False) -> dict[str, Any]:
         """The persisted form. ``compact`` (the snapshot's) leaves out members at the defaults
@@ -308,6 +311,8 @@ class Task:
             "depends_on": list(self.depends_on),
             "labels": list(self.labels),
             "note": self.note,
+            "title": self.title,
+            "description": self.description,
             "added_at": self.added_at,
             "added_by": self.added_by,
             "blocked": self.blocked,
@@ -333,6 +338,8 @@ class Task:
             depends_on=_names(data.get("depends_on") or ()),
             labels=_names(data.get("labels") or ()),
             note=_opt_str(data.get("note")),
+            title=_opt_str(data.get("title")),
+            description=_opt_str(data.get("description")),
             added_at=_float(data.get("added_at", 0.0)),
             added_by=_str(data.get("added_by") or ""),
             blocked=_opt_str(data.get("blocked")),
@@ -345,7 +352,8 @@ class Task:
 
 # (member, default) pairs that Task.to_dict(compact=True) leaves out; from_dict supplies them.
 _TASK_DEFAULTS: tuple[tuple[str, Any], ...] = (
-    ("priority", 100), ("depends_on", []), ("labels", []), ("note", None), ("added_by", ""),
+    ("priority", 100), ("depends_on", []), ("labels", []), ("note", None), ("title", None),
+    ("description", None), ("added_by", ""),
     ("blocked", None), ("blocked_by", None), ("eid", ""),
 )
 

@@ -14,9 +14,9 @@ Pure like the rest of ``core``: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from .errors import DependencyCycle, TaskNotReady, UnknownTask
+from .errors import DependencyCycle, TaskNotReady, UnknownTask, ValidationError
 from .events import (
     BECAME_READY,
     CLAIM_COMPLETED,
@@ -77,7 +77,13 @@ def not_ready(task: Task | None, claims: ClaimView) -> TaskNotReady | None:
 # Each returns (events, result); rules.py wraps them into Decisions.
 
 
-def find_cycle(tasks: TaskView, task: str, deps: Iterable[str]) -> list[str] | None:
+class Lookup(Protocol):
+    """What the add decisions read of the task table: one record by name."""
+
+    def get(self, task: str) -> Task | None: ...
+
+
+def find_cycle(tasks: Lookup, task: str, deps: Iterable[str]) -> list[str] | None:
     """A dependency path from ``task`` back to itself if it depended on ``deps``, else None."""
     parent: dict[str, str] = {}  # node -> the task that depends on it (how we reached it)
     stack = []
@@ -105,7 +111,7 @@ def find_cycle(tasks: TaskView, task: str, deps: Iterable[str]) -> list[str] | N
 
 
 def add_events(
-    tasks: TaskView, spec: Task, actor: str
+    tasks: Lookup, spec: Task, actor: str
 ) -> tuple[tuple[dict[str, Any], ...], Task | None]:
     """``add``: a task_added event, a task_updated event naming what changed, or nothing for
     an identical repeat (then the current record is returned)."""
@@ -123,11 +129,46 @@ def add_events(
         "labels": list(spec.labels),
         "note": spec.note,
     }
+    fields.update({k: v for k in ("title", "description")
+                   if (v := getattr(spec, k)) is not None})
     if current is None:
         return ({"type": TASK_ADDED, **fields},), None
-    changed = [name for name in ("priority", "depends_on", "labels", "note")
+    changed = [name for name in ("priority", "depends_on", "labels", "note", "title",
+                                 "description")
                if getattr(current, name) != getattr(spec, name)]
     return ({"type": TASK_UPDATED, **fields, "changed": changed},), None
+
+
+class _Overlay:
+    """The task table as it will be once the batch so far is applied (for ``add_many``)."""
+
+    def __init__(self, base: Lookup) -> None:
+        self.base = base
+        self.added: dict[str, Task] = {}
+
+    def get(self, task: str) -> Task | None:
+        found = self.added.get(task)
+        return found if found is not None else self.base.get(task)
+
+
+def add_many_events(
+    tasks: Lookup, specs: Iterable[Task], actor: str
+) -> tuple[dict[str, Any], ...]:
+    """``add`` of each spec in order, as one batch: a later spec sees the earlier ones (its
+    dependencies, a cycle among them), identical repeats write nothing, a task named twice
+    is refused (which of the two was meant?)."""
+    overlay = _Overlay(tasks)
+    events: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.task in seen:
+            raise ValidationError("tasks", "name a task twice; each task once per batch",
+                                  value=spec.task)
+        seen.add(spec.task)
+        found, _ = add_events(overlay, spec, actor)
+        events.extend(found)
+        overlay.added[spec.task] = spec
+    return tuple(events)
 
 
 def require(tasks: TaskView, task: str) -> Task:
@@ -192,7 +233,8 @@ def queue_times(events: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, floa
 __all__ = [
     "BECAME_READY", "BLOCKED", "DONE", "HELD", "PENDING", "READINESS_ORDER", "READY",
     "TASK_ADDED", "TASK_BLOCKED", "TASK_EVENTS", "TASK_UNBLOCKED", "TASK_UPDATED", "Key",
-    "QueueIndex", "Readiness", "Task", "TaskStatus", "TaskTable", "add_events",
+    "Lookup", "QueueIndex", "Readiness", "Task", "TaskStatus", "TaskTable", "add_events",
+    "add_many_events",
     "became_ready_after", "completed", "eligible", "find_cycle", "not_ready", "queue_times",
     "require", "status",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import events as ev
 from . import queue
+from .durations import format_duration
 from .errors import (
     ClaimConflict,
     ClaimSuperseded,
@@ -95,6 +96,9 @@ def stale_reason(claim: Claim, now: Now, verdict: Verdict) -> str | None:
     if claim.state != ACTIVE:
         return None
     if lease_expired(claim, now):
+        if claim.ttl is None and claim.expires_at is not None:
+            parked = format_duration(max(claim.expires_at - claim.renewed_at, 0.0))
+            return f"parked in {claim.phase} longer than its maximum park time ({parked})"
         return "lease expired"
     if verdict.dead:
         return "owner dead: " + "; ".join(verdict.reasons)
@@ -110,6 +114,26 @@ def deadline_fields(ttl: float | None, now: Now) -> dict[str, Any]:
         "boot_deadline": None if now.boot is None else round(now.boot + ttl, 6),
         "deadline_boot": now.boot_id if now.boot is not None else "",
     }
+
+
+DEFAULT_MAX_PARK = 86400.0  # a parked claim with no owner process to watch ends after a day
+
+
+def park_fields(identity: Identity | None, max_park: float | None, now: Now) -> dict[str, Any]:
+    """The deadline of a parked claim (no lease) and its liveness source (``park``): the
+    owner process when one is recorded (its death makes the claim stale), and a maximum park
+    time when asked for or when there is no process to watch, so nothing parks forever."""
+    if max_park is None and identity is None:
+        max_park = DEFAULT_MAX_PARK
+    fields = deadline_fields(max_park, now)
+    fields["ttl"] = None  # parked: renew does not extend it, transition ends it
+    sources = []
+    if identity is not None:
+        sources.append(f"owner process {identity.pid} on {identity.host}")
+    if max_park is not None:
+        sources.append(f"at most {format_duration(max_park)}")
+    fields["park"] = " and ".join(sources)
+    return fields
 
 
 def _grant_fields(task: str, grant: Grant, fence: int, now: Now) -> dict[str, Any]:
@@ -348,7 +372,11 @@ def decide_renew(state: State, task: str, token_hash: str, ttl: float | None, no
     if claim is None:
         return refusal
     fields = _base(ev.LEASE_RENEWED, claim)
-    fields.update(deadline_fields(ttl if ttl is not None else claim.ttl, now))
+    if ttl is None and claim.ttl is None:  # parked: the park's own bound stays as it was
+        fields.update(ttl=None, expires_at=claim.expires_at, boot_deadline=claim.boot_deadline,
+                      deadline_boot=claim.deadline_boot)
+    else:
+        fields.update(deadline_fields(ttl if ttl is not None else claim.ttl, now))
     return Decision((fields,))
 
 
@@ -396,14 +424,19 @@ def decide_force_release(state: State, task: str, actor: str, reason: str) -> De
 
 
 def decide_transition(
-    state: State, task: str, token_hash: str, phase: str, ttl: float | None, now: Now
+    state: State, task: str, token_hash: str, phase: str, ttl: float | None, now: Now,
+    max_park: float | None = None,
 ) -> Decision:
+    """Change phase; ``ttl=None`` parks the claim (see ``park_fields``)."""
     claim, refusal = holder_check(state, task, token_hash, now)
     if claim is None:
         return refusal
     fields = _base(ev.PHASE_CHANGED, claim)
     fields.update(from_phase=claim.phase, phase=phase)
-    fields.update(deadline_fields(ttl, now))
+    if ttl is None:
+        fields.update(park_fields(claim.identity, max_park, now))
+    else:
+        fields.update(deadline_fields(ttl, now))
     return Decision((fields,))
 
 
@@ -430,8 +463,8 @@ def decide_handoff(
     fields = _grant_fields(task, grant, state.fence + 1, now)
     fields.update(type=ev.CLAIM_HANDED_OFF, actor=claim.owner, prev_owner=claim.owner,
                   prev_fence=claim.fence)
-    if claim.expires_at is None and to.ttl is None:
-        fields.update(deadline_fields(None, now))
+    if claim.ttl is None and to.ttl is None:  # a parked claim stays parked, with a source
+        fields.update(park_fields(to.identity, None, now))
     return Decision((fields,))
 
 
@@ -486,6 +519,15 @@ def decide_add(state: State, spec: Task, actor: str) -> Decision:
     except FleetclaimsError as exc:
         return Decision((), exc)
     return Decision(events, result=current)
+
+
+def decide_add_many(state: State, specs: tuple[Task, ...], actor: str) -> Decision:
+    """Put several tasks in the queue in one transaction: all of them or none."""
+    try:
+        events = queue.add_many_events(state.tasks, specs, actor)
+    except FleetclaimsError as exc:
+        return Decision((), exc)
+    return Decision(events, result=len(events))
 
 
 def decide_depend(state: State, task: str, on: tuple[str, ...], actor: str) -> Decision:

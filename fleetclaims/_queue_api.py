@@ -1,0 +1,215 @@
+"""The work-queue half of ``Registry`` (a base class, so ``api.py`` stays readable): adding
+and planning tasks, handing out the next ready one, and listing the queue."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import _wait
+from .core import queue, rules, validate
+from .core.errors import ValidationError
+from .core.model import Claim, Now
+from .core.rules import Decision, Grant
+from .core.state import State
+
+if TYPE_CHECKING:
+    from .store.base import Store
+
+TITLE_MAX = 200  # a title is one line of a listing
+DESCRIPTION_MAX = 20_000  # what to do, as long as a good issue body
+BATCH_MAX = 10_000  # tasks per add_many: one journal transaction stays a few MB at most
+
+
+class QueueMethods:
+    """``Registry``'s work-queue methods; they use its store and its one transaction."""
+
+    store: Store
+
+    if TYPE_CHECKING:  # provided by Registry
+        def _run(self, decide: Callable[[State, Now], Decision]) -> tuple[Decision, State]: ...
+
+        def _grant(self, owner: str, token: str | None, ttl: float | None, *,
+                   note: str | None = None, metadata: dict[str, Any] | None = None,
+                   process: bool | int = True) -> tuple[str, Grant]: ...
+
+        def _verdict(self, claim: Claim | None) -> Any: ...
+
+        def _mine(self, state: State, task: str, raw: str) -> Claim: ...
+
+        def _now(self) -> Now: ...
+
+    def add(
+        self,
+        task: str,
+        *,
+        priority: int = 100,
+        depends_on: Iterable[str] = (),
+        labels: Iterable[str] = (),
+        note: str | None = None,
+        actor: str = "operator",
+        title: str | None = None,
+        description: str | None = None,
+    ) -> queue.Task:
+        """Put ``task`` in the work queue (or update it). Idempotent for identical input; a
+        change is recorded as ``task_updated``. Raises DependencyCycle when ``depends_on``
+        would make the task wait for itself."""
+        spec = _spec(task, priority=priority, depends_on=depends_on, labels=labels, note=note,
+                     title=title, description=description)
+        who = validate.owner(actor, "actor")
+        _, state = self._run(lambda s, now: rules.decide_add(s, spec, who))
+        return queue.require(state.tasks, spec.task)
+
+    def add_many(self, tasks: Iterable[Mapping[str, Any]], *, actor: str = "operator") -> int:
+        """Put several tasks in the queue in one transaction (all or none). Each item is a
+        mapping with ``task`` (or ``id``) and optionally ``title``, ``description``,
+        ``labels``, ``priority``, ``depends_on``, ``note``: the arguments of ``add``. A task
+        may depend on one added earlier or later in the same batch. Returns how many events
+        were written (identical repeats write nothing)."""
+        who = validate.owner(actor, "actor")
+        specs = tuple(_item_spec(i, item) for i, item in enumerate(_items(tasks)))
+        decision, _ = self._run(lambda s, now: rules.decide_add_many(s, specs, who))
+        return int(decision.result or 0)
+
+    def depend(self, task: str, *, on: Iterable[str], actor: str = "operator") -> queue.Task:
+        """Make ``task`` (already in the queue) also wait for the tasks in ``on``."""
+        task = validate.task(task)
+        deps = validate.names("on", on)
+        who = validate.owner(actor, "actor")
+        _, state = self._run(lambda s, now: rules.decide_depend(s, task, deps, who))
+        return queue.require(state.tasks, task)
+
+    def block(self, task: str, *, reason: str, actor: str = "operator") -> bool:
+        """Keep ``task`` from being claimed until ``unblock``; False if already blocked so."""
+        task = validate.task(task)
+        why = validate.required_reason(reason, "say why the task is blocked")
+        who = validate.owner(actor, "actor")
+        decision, _ = self._run(lambda s, now: rules.decide_block(s, task, why, who))
+        return bool(decision.result)
+
+    def unblock(self, task: str, *, reason: str | None = None, actor: str = "operator") -> bool:
+        """Let ``task`` be claimed again; False if it was not blocked."""
+        task = validate.task(task)
+        why = validate.reason(reason)
+        who = validate.owner(actor, "actor")
+        decision, _ = self._run(lambda s, now: rules.decide_unblock(s, task, who, why))
+        return bool(decision.result)
+
+    def claim_next(
+        self,
+        *,
+        owner: str,
+        labels: Iterable[str] | None = None,
+        ttl: float = validate.DEFAULT_TTL,
+        note: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        take_stale: bool = False,
+        process: bool | int = True,
+        wait: float | None = None,
+    ) -> Claim | None:
+        """Atomically claim the best ready task (lowest priority number, then oldest, then
+        id) carrying every label in ``labels``; None when nothing is ready. With
+        ``take_stale``, a stale claim of an otherwise ready task counts as ready. With
+        ``wait`` (seconds), wait that long for a task to become ready (see ``_wait``)."""
+        wanted = frozenset(validate.names("labels", labels, validate.label))
+        take_stale = validate.flag("take_stale", take_stale)
+        wait = _wait.check_wait(wait)
+        raw, grant = self._grant(owner, None, ttl, note=note, metadata=metadata,
+                                 process=process)
+
+        def decide(state: State, now: Now) -> Decision:
+            return rules.decide_claim_next(state, grant, now, self._verdict, labels=wanted,
+                                           take_stale=take_stale)
+
+        decision, state = _wait.transact(self, decide, wait,
+                                         found=lambda d: d.result is not None)
+        if decision.result is None:
+            return None
+        return self._mine(state, str(decision.result), raw)
+
+    def task(self, task: str) -> queue.TaskStatus | None:
+        """A queued task with its readiness now, or None when it is not in the queue."""
+        state = self.store.read()
+        record = state.tasks.get(validate.task(task))
+        return None if record is None else queue.status(record, state.claims)
+
+    def tasks(self, status: Iterable[str] | None = None,
+              labels: Iterable[str] | None = None) -> list[queue.TaskStatus]:
+        """Every queued task with its readiness, in hand-out order (priority number, age,
+        id); filtered to the given readiness states and to tasks carrying every label."""
+        wanted = None if status is None else set(validate.names("status", status, str))
+        if wanted is not None and not wanted <= set(queue.READINESS_ORDER):
+            raise ValidationError("status", "must be among " + ", ".join(queue.READINESS_ORDER),
+                                  value=sorted(wanted))
+        need = frozenset(validate.names("labels", labels, validate.label))
+        state = self.store.read()
+        found = []
+        for record in sorted(state.tasks.values(), key=lambda t: t.key):
+            if not need <= set(record.labels):
+                continue
+            item = queue.status(record, state.claims)
+            if wanted is None or item.status in wanted:
+                found.append(item)
+        return found
+
+    def ready(self, labels: Iterable[str] | None = None) -> list[queue.Task]:
+        """What ``claim_next`` would hand out now, best first (stale claims not included)."""
+        need = frozenset(validate.names("labels", labels, validate.label))
+        state = self.store.read()
+        out = []
+        for key in state.tasks.ready_keys(state.claims):
+            record = state.tasks.get(key[2])
+            if record is not None and need <= set(record.labels):
+                out.append(record)
+        return out
+
+
+_ITEM_KEYS = frozenset({"task", "id", "title", "description", "labels", "priority",
+                        "depends_on", "note"})
+
+
+def _spec(task: Any, *, priority: Any = 100, depends_on: Any = (), labels: Any = (),
+          note: Any = None, title: Any = None, description: Any = None) -> queue.Task:
+    """A queue entry from ``add``'s arguments, each one checked."""
+    title = validate.text("title", title, TITLE_MAX)
+    if title is not None and ("\n" in title or "\r" in title):
+        raise ValidationError("title", "must be one line (put the rest in description)")
+    return queue.Task(
+        task=validate.task(task),
+        priority=validate.priority(priority),
+        depends_on=validate.names("depends_on", depends_on),
+        labels=validate.names("labels", labels, validate.label),
+        note=validate.text("note", note),
+        title=title,
+        description=validate.text("description", description, DESCRIPTION_MAX),
+    )
+
+
+def _items(tasks: Any) -> list[Any]:
+    """The batch as a list, refused when it is not a list of objects or is too long (a huge
+    iterable is not read whole to be refused)."""
+    import itertools
+
+    if isinstance(tasks, (str, bytes, Mapping)) or not hasattr(tasks, "__iter__"):
+        raise ValidationError("tasks", "must be a list of objects", value=tasks)
+    items = list(itertools.islice(tasks, BATCH_MAX + 1))
+    if len(items) > BATCH_MAX:
+        raise ValidationError("tasks", f"has more than {BATCH_MAX} entries; add them in parts")
+    return items
+
+
+def _item_spec(index: int, item: Any) -> queue.Task:
+    """One item of ``add_many``: a mapping of ``add``'s arguments (``id`` for ``task``)."""
+    if not isinstance(item, Mapping):
+        raise ValidationError(f"tasks[{index}]", "must be an object with a task id",
+                              value=item)
+    unknown = sorted(str(k) for k in item if k not in _ITEM_KEYS)
+    if unknown:
+        raise ValidationError(f"tasks[{index}]", "has unknown keys " + ", ".join(unknown)
+                              + "; known: " + ", ".join(sorted(_ITEM_KEYS)))
+    if ("task" in item) == ("id" in item):
+        raise ValidationError(f"tasks[{index}]", "must carry exactly one of task or id")
+    return _spec(item.get("task", item.get("id")), priority=item.get("priority", 100),
+                 depends_on=item.get("depends_on") or (), labels=item.get("labels") or (),
+                 note=item.get("note"), title=item.get("title"),
+                 description=item.get("description"))

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from .output import Out
 
 EXAMPLES = {
-    "run": "fleetclaims run issue-42 --owner agent-a --ttl 5m -- make test",
+    "run": "fleetclaims run issue-42 --owner agent-a --ttl 5m -- make test\n"
+    "  fleetclaims run --next --label docs --wait 1h -- ./work-on.sh   # $FLEETCLAIMS_TASK",
     "mcp": "fleetclaims mcp --owner agent-a     # an MCP server on stdio, for an MCP client",
     "guard": "fleetclaims guard   # in a `fleetclaims run` child: exit 4 if the claim was lost",
     "hooks": "fleetclaims hooks install     # pre-commit, pre-push, prepare-commit-msg\n"
@@ -28,13 +29,29 @@ EXAMPLES = {
 }
 
 
+GRACE = 10.0  # run: seconds between SIGTERM and SIGKILL of the command's group (runner.py)
+
+
 def add_parsers(add: AddParser) -> None:
+    from .claims import wait_option
+
     p = add("run", "claim a task, heartbeat while CMD runs, complete on exit 0, else release")
-    p.add_argument("task")
-    p.add_argument("--owner", required=True)
+    p.add_argument("task", nargs="?", help="the task (or --next: the best ready one)")
+    p.add_argument("--next", action="store_true", dest="next_task",
+                   help="claim the best ready task of the queue; CMD finds its id in "
+                   "$FLEETCLAIMS_TASK")
+    p.add_argument("--label", dest="labels", action="append", default=[],
+                   help="with --next: only tasks carrying this label (repeatable)")
+    wait_option(p, "with --next, for a task to become ready")
+    p.add_argument("--owner", default=None, help="who runs it (default: $FLEETCLAIMS_OWNER)")
     p.add_argument("--ttl", type=dur("ttl"), default=300.0, help="lease length (default 5m)")
     p.add_argument("--note")
     p.add_argument("--take-stale", action="store_true")
+    p.add_argument("--timeout", type=dur("timeout"), default=None,
+                   help="stop the command after this long (exit 124, the claim is released)")
+    p.add_argument("--grace", type=dur("grace"), default=GRACE,
+                   help="seconds between SIGTERM and SIGKILL when the command's process group "
+                   f"is stopped (lease lost, Ctrl-C, --timeout; default {GRACE:g}s)")
 
     owner_help = "who this agent is (default: $FLEETCLAIMS_OWNER)"
 
@@ -62,13 +79,25 @@ def _owner(args: argparse.Namespace, required: bool) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace, out: Out) -> int:
-    from ..agents.runner import run_command
+    from ..agents.runner import RunOptions, run_command, run_next
 
     cmd = list(args.cmd or [])
     if not cmd:
         raise ValidationError("CMD", "is missing: fleetclaims run TASK --owner O -- CMD ARGS...")
-    return run_command(registry(args), args.task, owner=args.owner, ttl=args.ttl,
-                       note=args.note, take_stale=args.take_stale, cmd=cmd, json_out=out.json)
+    if args.next_task == (args.task is not None):
+        raise ValidationError("task", "give a TASK or --next (the best ready task), not both")
+    if not args.next_task and (args.labels or args.wait is not None):
+        raise ValidationError("next", "--label and --wait choose a task: use them with --next")
+    owner = _owner(args, required=True)
+    assert owner is not None
+    if args.next_task:
+        return run_next(registry(args), cmd, RunOptions(
+            owner=owner, ttl=args.ttl, note=args.note, take_stale=args.take_stale,
+            json_out=out.json, grace=args.grace, timeout=args.timeout,
+            labels=tuple(args.labels), wait=args.wait))
+    return run_command(registry(args), args.task, owner=owner, ttl=args.ttl,
+                       note=args.note, take_stale=args.take_stale, cmd=cmd, json_out=out.json,
+                       grace=args.grace, timeout=args.timeout)
 
 
 def cmd_mcp(args: argparse.Namespace, out: Out) -> int:

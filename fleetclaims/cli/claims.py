@@ -151,9 +151,10 @@ def owner_of(args: argparse.Namespace) -> str:
     return str(owner)
 
 
-def wait_option(p: argparse.ArgumentParser, what: str) -> None:
-    from .._wait import WAIT_MAX
+WAIT_MAX = 7 * 86400.0  # --wait without a duration: a week (_wait.WAIT_MAX, the longest)
 
+
+def wait_option(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--wait", type=dur("wait"), nargs="?", const=WAIT_MAX, default=None,
                    metavar="DURATION",
                    help=f"wait {what} (woken by registry changes, no polling), at most "

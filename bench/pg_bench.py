@@ -1,6 +1,6 @@
 """fleetclaims on PostgreSQL against a bare psycopg peer doing the same claim + release.
 
-    .venv/bin/python bench/pg_bench.py                       # 4 rounds of 3 s windows, 1 and 4 procs
+    .venv/bin/python bench/pg_bench.py                       # 6 rounds of 2 s windows, 1 and 4 procs
     .venv/bin/python bench/pg_bench.py --rounds 6 --procs 4 --peers bare unprepared advisory
     .venv/bin/python bench/pg_bench.py --others              # also the file store and SQLite
 
@@ -18,7 +18,8 @@ prepared after 5 runs), ``unprepared`` (nothing prepared, as fleetclaims runs fo
 sake), ``advisory`` (serialised on a transaction advisory lock and a sequence instead of the
 counter row).
 
-Systems run interleaved, round after round, so a noisy machine hurts them alike; medians with
+Systems run interleaved, round after round (in ABBA order), so a noisy machine hurts them
+alike; medians with
 the [min-max] range over the rounds, and the median of the per-round ratios fleetclaims/bare.
 The PostgreSQL server is a throwaway one started here (tests/pg_server.py: fsync on,
 127.0.0.1 only), unless --url names an existing database.
@@ -187,8 +188,8 @@ def _summary(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--peers", nargs="+", default=["bare"],
                         choices=["bare", "unprepared", "advisory"])
@@ -215,8 +216,9 @@ def main() -> None:
               f"{os.cpu_count()} CPUs; median [min-max]")
         for procs in args.procs:
             results: dict[str, list[float]] = {name: [] for name in systems}
-            for _ in range(args.rounds):
-                for name in systems:
+            for round_no in range(args.rounds):
+                # ABBA order: a load that drifts during a round hurts both sides alike
+                for name in systems if round_no % 2 == 0 else systems[::-1]:
                     results[name].append(run(name, _where(name, url, tmp), procs,
                                              args.seconds))
             ratios = [f / b for f, b in zip(results["fleetclaims"], results[systems[1]],

@@ -201,14 +201,6 @@ class Queries:
         )
         self.claims = f"SELECT task, data::text FROM {s}.claims ORDER BY task"
         self.task = f"SELECT data::text FROM {s}.tasks WHERE task = %s"
-        # The claim rows of several tasks (their JSON only where it differs from the copy the
-        # caller has), and task rows: fetched with the head lock in one round trip.
-        self.claims_of = (
-            "SELECT c.task, CASE WHEN c.seq = k.seq AND c.data->>'eid' = k.eid THEN NULL "
-            "ELSE c.data::text END FROM unnest(%s::text[], %s::bigint[], %s::text[]) "
-            f"AS k(task, seq, eid) JOIN {s}.claims c ON c.task = k.task"
-        )
-        self.tasks_of = f"SELECT task, data::text FROM {s}.tasks WHERE task = ANY(%s::text[])"
         self.tasks = f"SELECT task, data::text FROM {s}.tasks ORDER BY task"
         self.dependants = f"SELECT task FROM {s}.tasks WHERE data->'depends_on' ? %s"
         self.candidates = _candidates(s)

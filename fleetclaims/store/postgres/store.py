@@ -1,33 +1,26 @@
 """The PostgreSQL store: the same registry, journal and hash chain, shared between machines.
 
-The schema (tables, versions, upgrades, statements) is in ``schema.py``; the claim and task
-views the core decides over, by composition over SQL rows, are in ``tables.py``; connections,
-bounded waits and typed errors are in ``connection.py``.
+Beside it: ``schema.py`` (schema, statements), ``tables.py`` (the views the core decides over),
+``connection.py`` (bounded waits, typed errors), ``journal.py`` (rows), ``foresight.py``.
 
 One operation is one transaction of two round trips, the core deciding in between (the one
-decision path; nothing of the rules in SQL):
+decision path; nothing of the rules in SQL): (1) BEGIN, this transaction's limits (SET LOCAL),
+the head row locked (it serialises writers) with the server's clock, and the rows the decision
+is expected to read; (2) the sealed audit rows, the changed claim and task rows, the head,
+COMMIT. Measured and not taken (README, bench/pg_bench.py): psycopg's pipeline mode (more
+client CPU than the round trips it saves on a local server), named prepared statements (unsafe
+behind PgBouncer < 1.21; the bare peer without them is within the noise of the peer with them),
+server-side functions holding both round trips' statements (cached plans; no end-to-end gain
+measurable), an advisory lock instead of the head row (the head row is updated anyway), sealing
+server-side (a second copy of the chain in SQL, and the head must be read before deciding).
 
-1. pipelined: BEGIN, this transaction's settings (SET LOCAL), lock the head row (serialises
-   writers) and read the server's clock, and read the claim and task rows the decision will
-   look at (guessed by ``foresight.py``; a row it did not guess is read on demand);
-2. pipelined: insert the sealed audit rows, upsert the changed claim and task rows, advance
-   the head, COMMIT.
-
-Measured alternatives (bench/pg_bench.py, README): a transaction-level advisory lock instead
-of the head row lock saves nothing (the head row is updated anyway, so its lock is taken
-either way); sealing lines server-side would need the chain's hashing in SQL, a second copy of
-``core/chain.py``, for no round trip saved (the head must be read before deciding anyway).
-
-No ambiguous outcome reaches the caller. Nothing can have committed before the second round
-trip is sent, so a connection lost before then (a server restart, a dropped network) is
-retried on a new connection while the ``lock_timeout`` budget lasts, then reported as
-``StoreUnavailable(committed=False)``. A connection lost once the second round trip is on its
-way is resolved by reconnecting (waiting for a restarting server up to the budget again) and
-looking for our own first audit line, behind the head lock (so an in-flight commit of the old
-session finishes first): found means the change committed and the call returns its result,
-absent means it did not and the operation runs again (its tokens were minted by the client,
-so the retry is the same request). Only a server that stays unreachable for that whole
-second budget leaves the outcome unknown (``committed=None``).
+No ambiguous outcome reaches the caller. Nothing can commit before round trip 2 is sent, so a
+connection lost before then is retried while the ``lock_timeout`` budget lasts, then reported
+as ``StoreUnavailable(committed=False)``. Lost after that, the outcome is found out: reconnect
+(waiting for a restarting server up to the budget again), wait behind the head lock for the old
+session to end, and look for our first audit line: found, the call returns its result; absent,
+the operation runs again (its tokens were minted by the client: the same request). Only a server
+unreachable for that whole second budget leaves it unknown (``committed=None``).
 """
 
 from __future__ import annotations
@@ -44,7 +37,7 @@ import orjson
 import psycopg
 
 from ...core import events as ev
-from ...core.chain import ChainError, envelope, seal
+from ...core.chain import envelope, seal
 from ...core.errors import (
     FleetclaimsError,
     RegistryCorrupt,
@@ -52,15 +45,14 @@ from ...core.errors import (
     ValidationError,
 )
 from ...core.model import GENESIS, Claim, Now
-from ...core.ports import ClaimView
 from ...core.rules import Decision
 from ...core.state import State
 from ...system import Clock, SystemClock
 from ..base import SCHEMA_MIGRATIONS, SERVER_CLOCK, SHARED, Capabilities, Decide, VerifyReport
 from ..file.faults import crash_point
-from ..file.journal import apply_checked, check_link, parse_line
 from . import connection as pgc
 from .foresight import foresee
+from .journal import audit_row, claim_row, copy_lines, task_rows, verify_chain
 from .schema import (
     DEFAULT_SCHEMA,
     SCHEMA_VERSION,
@@ -303,16 +295,19 @@ class PostgresStore:
         """Round trip 1: begin, set this transaction's limits, lock the head, read the rows
         the decision is expected to look at; one message of statements (simple protocol)."""
         settings, params = pgc.local_settings(self.sync, deadline - time.monotonic())
-        cached = [self._cache.get(task) for task in claims]
         batch = pgc.Batch(conn)
         batch.add("BEGIN")
         batch.add(settings, params)
         batch.add(self.sql.head_lock)
-        if claims:
-            batch.add(self.sql.claims_of, (claims, [c.seq if c else -1 for c in cached],
-                                           [c.eid if c else "" for c in cached]))
-        if task_names:
-            batch.add(self.sql.tasks_of, (task_names,))
+        # One equality lookup per row (measured: far cheaper for the server to plan than one
+        # statement joining an array of tasks); a claim row's JSON comes only when it differs
+        # from our copy.
+        for task in claims:
+            cached = self._cache.get(task)
+            batch.add(self.sql.claim, (cached.seq, cached.eid, task) if cached is not None
+                      else (-1, "", task))
+        for name in task_names:
+            batch.add(self.sql.task, (name,))
         results = batch.run()
         row = results[2][0] if results[2] else None
         if row is None:
@@ -326,15 +321,17 @@ class PostgresStore:
             now = self.clock.now()
         table = PgClaimView(self)
         tasks = PgTaskView(self)
-        if claims:
-            found: dict[str, Claim] = {}
-            for task, data in results[3]:
+        found: dict[str, Claim] = {}
+        for task, rows in zip(claims, results[3:3 + len(claims)], strict=True):
+            if rows:
+                data = rows[0][0]
                 hit = self._cache.get(task) if data is None else None
                 found[task] = hit or self._claim_from(task, _object(self.location, task, data))
                 self._cache_put(task, found[task])
-            table.preload(claims, found)
-        if task_names:
-            tasks.preload(task_names, {str(t): orjson.loads(d) for t, d in results[-1]})
+        table.preload(claims, found)
+        task_data = {name: orjson.loads(rows[0][0]) for name, rows in
+                     zip(task_names, results[3 + len(claims):], strict=True) if rows}
+        tasks.preload(task_names, task_data)
         return table, tasks, now
 
     def _write(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]],
@@ -342,11 +339,11 @@ class PostgresStore:
         """Round trip 2: the audit rows, the changed claim and task rows, the head, COMMIT;
         one message of statements."""
         batch = pgc.Batch(conn)
-        for audit_row in rows:
-            batch.add(self.sql.audit_insert, audit_row)
+        for row in rows:
+            batch.add(self.sql.audit_insert, row)
         for task in sorted(table.dirty):
-            batch.add(self.sql.claim_upsert, self._claim_row(table, task))
-        for task_row in self._task_rows(tasks):
+            batch.add(self.sql.claim_upsert, claim_row(table, task))
+        for task_row in task_rows(tasks):
             batch.add(self.sql.task_upsert, task_row)
         batch.add(self.sql.head_update, (state.seq, state.head, state.fence, state.origin))
         batch.add("COMMIT")
@@ -362,22 +359,7 @@ class PostgresStore:
             line, digest = seal(orjson.dumps(obj))
             obj["hash"] = digest
             ev.apply(state, obj)
-            rows.append(_audit_row(obj, digest, line[:-1].decode()))
-        return rows
-
-    def _claim_row(self, table: ClaimView, task: str) -> tuple[Any, ...]:
-        claim = table.get(task)
-        assert claim is not None
-        return (task, claim.owner, claim.state, claim.fence, claim.expires_at, claim.seq,
-                orjson.dumps(claim.to_dict()).decode())
-
-    @staticmethod
-    def _task_rows(tasks: PgTaskView) -> list[tuple[Any, ...]]:
-        rows = []
-        for name in sorted(tasks.dirty):
-            record = tasks.get(name)
-            assert record is not None
-            rows.append((name, record.seq, orjson.dumps(record.to_dict()).decode()))
+            rows.append(audit_row(obj, digest, line[:-1].decode()))
         return rows
 
     def _abandon(self, conn: psycopg.Connection[Any]) -> None:
@@ -567,38 +549,12 @@ class PostgresStore:
         file. ``anchor_ok`` says whether the head row names the chain's last line."""
         rows = self.query(self.sql.head)
         head_row = (int(rows[0][0]), str(rows[0][1])) if rows else None
-        total = head_row[0] if head_row else 0
-        seq = 0
-        prev = GENESIS
-        offset = 0
-        for found, text in self.iter_lines(0):
-            line = text.encode()
-            expected = seq + 1
-            try:
-                if found != expected:
-                    raise ChainError(f"expected seq {expected}, found {found}")
-                digest = check_link(line, expected, prev)
-            except (ChainError, orjson.JSONDecodeError) as exc:
-                return VerifyReport(False, seq, offset, prev, str(exc), expected, offset, None)
-            seq = expected
-            prev = digest
-            offset += len(line) + 1
-            if progress is not None and seq % 65536 == 0:
-                progress(seq, max(total, seq))
-        if progress is not None:
-            progress(seq, seq)
-        anchor_ok = head_row is not None and head_row == (seq, prev)
-        error = None
-        if not anchor_ok:
-            error = (f"head row: the head row says seq {head_row[0] if head_row else None} but "
-                     f"the journal ends at seq {seq}")
-        return VerifyReport(True, seq, offset, prev, error, None, None, anchor_ok)
+        return verify_chain(self.iter_lines(0), head_row, progress)
 
     # --- migration ---------------------------------------------------------------------------
 
     def import_events(self, lines: list[bytes]) -> None:
-        """Store a whole journal of already-sealed lines (verbatim) into an empty registry,
-        checking the chain and rebuilding the claim rows, in one transaction."""
+        """Store already-sealed lines (verbatim) into an empty registry, in one transaction."""
         self.import_lines(lines)
 
     def import_lines(self, lines: Iterable[bytes]) -> int:
@@ -616,27 +572,18 @@ class PostgresStore:
                     table = PgClaimView(self, complete=True)
                     tasks = PgTaskView(self, complete=True)
                     state = State(table, tasks=tasks)
-                    where = f"{self.location} (import)"
-                    offset = 0
-                    with conn.cursor().copy(self.sql.audit_copy) as copy:
-                        for raw in lines:
-                            line = raw[:-1] if raw.endswith(b"\n") else raw
-                            event = parse_line(line, seq=state.seq + 1, prev=state.head,
-                                               offset=offset, path=where)
-                            apply_checked(state, event, offset, where)
-                            copy.write_row(_audit_row(event, state.head, line.decode()))
-                            offset += len(line) + 1
-                    upserts = [self._claim_row(table, task) for task in sorted(table.dirty)]
+                    copy_lines(conn, self.sql.audit_copy, state, lines,
+                               f"{self.location} (import)")
+                    upserts = [claim_row(table, task) for task in sorted(table.dirty)]
                     if upserts:
                         conn.cursor().executemany(self.sql.claim_upsert, upserts)
-                    task_rows = self._task_rows(tasks)
-                    if task_rows:
-                        conn.cursor().executemany(self.sql.task_upsert, task_rows)
+                    if tasks.dirty:
+                        conn.cursor().executemany(self.sql.task_upsert, task_rows(tasks))
                     conn.execute(self.sql.head_update,
                                  (state.seq, state.head, state.fence, state.origin))
             except psycopg.Error as exc:
                 self._abandon(conn)
-                raise StoreUnavailable(self.location, describe(exc), committed=False) from None
+                raise self._typed(exc) from None
             finally:
                 self._in_txn = False
             return state.seq
@@ -647,19 +594,6 @@ def _object(where: str, task: str, data: str) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise RegistryCorrupt(where, f"claim row {task!r} is not an object")
     return loaded
-
-
-def _audit_row(event: dict[str, Any], digest: str, line: str) -> tuple[Any, ...]:
-    def text(key: str) -> str | None:
-        value = event.get(key)
-        return value if isinstance(value, str) else None
-
-    fence = event.get("fence")
-    return (
-        int(event["seq"]), float(event["ts"]), str(event["type"]), text("task"), text("owner"),
-        text("actor"), fence if isinstance(fence, int) and not isinstance(fence, bool) else None,
-        digest, line,
-    )
 
 
 __all__ = ["DEFAULT_SCHEMA", "SCHEMA_VERSION", "PgClaimView", "PgTaskView", "PostgresStore",

@@ -1,0 +1,95 @@
+"""The PostgreSQL registry's journal as rows: the audit, claim and task rows written for
+events, the chain check of ``verify``, and the bulk copy of a migrated journal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import orjson
+import psycopg
+
+from ...core.chain import ChainError
+from ...core.model import GENESIS
+from ...core.ports import ClaimView
+from ...core.state import State
+from ..base import VerifyReport
+from ..file.journal import apply_checked, check_link, parse_line
+from .tables import PgTaskView
+
+
+def audit_row(event: dict[str, Any], digest: str, line: str) -> tuple[Any, ...]:
+    """The audit table's row for a sealed event (the line verbatim, and columns to filter)."""
+    def text(key: str) -> str | None:
+        value = event.get(key)
+        return value if isinstance(value, str) else None
+
+    fence = event.get("fence")
+    return (
+        int(event["seq"]), float(event["ts"]), str(event["type"]), text("task"), text("owner"),
+        text("actor"), fence if isinstance(fence, int) and not isinstance(fence, bool) else None,
+        digest, line,
+    )
+
+
+def claim_row(table: ClaimView, task: str) -> tuple[Any, ...]:
+    claim = table.get(task)
+    assert claim is not None
+    return (task, claim.owner, claim.state, claim.fence, claim.expires_at, claim.seq,
+            orjson.dumps(claim.to_dict()).decode())
+
+
+def task_rows(tasks: PgTaskView) -> list[tuple[Any, ...]]:
+    rows = []
+    for name in sorted(tasks.dirty):
+        record = tasks.get(name)
+        assert record is not None
+        rows.append((name, record.seq, orjson.dumps(record.to_dict()).decode()))
+    return rows
+
+
+def verify_chain(lines: Iterator[tuple[int, str]], head_row: tuple[int, str] | None,
+                 progress: Callable[[int, int], None] | None) -> VerifyReport:
+    """Check (seq, line) pairs as ``audit verify`` checks audit.jsonl; ``head_row`` is the
+    (seq, hash) the head row names."""
+    total = head_row[0] if head_row else 0
+    seq = 0
+    prev = GENESIS
+    offset = 0
+    for found, text in lines:
+        line = text.encode()
+        expected = seq + 1
+        try:
+            if found != expected:
+                raise ChainError(f"expected seq {expected}, found {found}")
+            digest = check_link(line, expected, prev)
+        except (ChainError, orjson.JSONDecodeError) as exc:
+            return VerifyReport(False, seq, offset, prev, str(exc), expected, offset, None)
+        seq = expected
+        prev = digest
+        offset += len(line) + 1
+        if progress is not None and seq % 65536 == 0:
+            progress(seq, max(total, seq))
+    if progress is not None:
+        progress(seq, seq)
+    anchor_ok = head_row is not None and head_row == (seq, prev)
+    error = None
+    if not anchor_ok:
+        error = (f"head row: the head row says seq {head_row[0] if head_row else None} but "
+                 f"the journal ends at seq {seq}")
+    return VerifyReport(True, seq, offset, prev, error, None, None, anchor_ok)
+
+
+def copy_lines(conn: psycopg.Connection[Any], copy_sql: str, state: State,
+               lines: Iterable[bytes], where: str) -> None:
+    """COPY already-sealed lines into the audit table, checking the chain and applying each
+    event to ``state`` (whose views collect the claim and task rows to write)."""
+    offset = 0
+    with conn.cursor().copy(copy_sql) as copy:
+        for raw in lines:
+            line = raw[:-1] if raw.endswith(b"\n") else raw
+            event = parse_line(line, seq=state.seq + 1, prev=state.head, offset=offset,
+                               path=where)
+            apply_checked(state, event, offset, where)
+            copy.write_row(audit_row(event, state.head, line.decode()))
+            offset += len(line) + 1

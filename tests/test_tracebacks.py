@@ -127,6 +127,7 @@ def _operations(reg: fleetclaims.Registry, token: str) -> dict[str, tuple[Callab
     }
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_library_raises_only_typed_errors(api_reg: fleetclaims.Registry,
@@ -301,6 +302,7 @@ READS = {"get", "show", "claims", "list", "stats", "ready", "tasks", "events", "
          "audit", "top", "brief"}
 
 
+@pytest.mark.slow
 def test_every_subcommand_with_hostile_arguments(in_tmp: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """Every subcommand (and alias), every option given a hostile value, with and without
@@ -324,6 +326,7 @@ cli_value = st.one_of(text, st.builds(str, number),
                                 st.integers(min_value=15, max_value=5000)))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_cli_fuzz(in_tmp: Path, capsys: pytest.CaptureFixture[str], data: st.DataObject) -> None:

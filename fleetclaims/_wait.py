@@ -19,11 +19,13 @@ releases and re-claims in a tight loop does not starve a waiter (tests/test_wait
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import select
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -54,6 +56,20 @@ BACKOFF_MAX = 0.5  # ... up to this (the latency a waiter may add, measured in t
 # inotify(7) masks: a file in the directory written, closed after writing, created, renamed in.
 _IN_MODIFY, _IN_CLOSE_WRITE, _IN_MOVED_TO, _IN_CREATE = 0x2, 0x8, 0x80, 0x100
 WAITABLE = (ClaimConflict, TaskNotReady)
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def continued() -> Iterator[None]:
+    """Waits in this block continue an earlier one that recorded its refusal already (the MCP
+    server waits in slices): they record none."""
+    _local.continued = True
+    try:
+        yield
+    finally:
+        _local.continued = False
 
 
 def check_wait(value: object) -> float | None:
@@ -163,7 +179,7 @@ def transact(
     deadline = time.monotonic() + wait
     last: tuple[Decision, State] | None = None
     with Watcher(watched_directory(reg)) as watcher:
-        attempt = decide
+        attempt = _quiet(decide) if getattr(_local, "continued", False) else decide
         while True:
             try:
                 if attempt is not decide and not _could_win(reg, decide, found):

@@ -20,7 +20,8 @@ from fleetclaims import Registry
 pytestmark = pytest.mark.integration
 
 TOOLS = {"claim", "renew", "release", "complete", "recover", "handoff", "get", "claims",
-         "events", "explain", "sweep", "brief", "claim_next", "ready",
+         "events", "explain", "sweep", "brief", "claim_next", "ready", "add", "add_many",
+         "depend", "block", "unblock", "transition",
          "show", "list", "next"}  # the last three: older names, kept as aliases
 
 
@@ -31,8 +32,11 @@ async def server(registry: Path, owner: str | None, *args: str,
     argv = ["-m", "fleetclaims", "mcp", "--dir", str(registry), *args]
     if owner is not None:
         argv += ["--owner", owner]
+    # The server keeps its tokens in the user state directory: here, beside the registry.
+    state = {"XDG_STATE_HOME": str(registry.parent / "state")}
     params = StdioServerParameters(command=sys.executable, args=argv,
-                                   env={"PYTHONPATH": os.pathsep.join(sys.path), **(env or {})})
+                                   env={"PYTHONPATH": os.pathsep.join(sys.path), **state,
+                                        **(env or {})})
     with open(os.devnull, "w") as errlog:
         async with stdio_client(params, errlog=errlog) as (read, write), \
                 ClientSession(read, write) as session:

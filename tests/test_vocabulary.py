@@ -27,6 +27,7 @@ NOT_ON_CLI = {
     "verify": "a review step: `audit verify`, beside the rest of the audit log tools",
     "hold": "a context manager for library code; `run TASK -- CMD` holds a claim for a command",
     "close": "closes a library handle; each command opens and closes its own",
+    "add_many": "`add --from FILE` (JSON Lines or one JSON list, one transaction)",
 }
 
 #: subcommands that are not Registry methods: tools around the registry.
@@ -34,14 +35,8 @@ CLI_ONLY = {"doctor", "audit", "top", "run", "migrate", "db", "mcp", "guard", "h
 
 #: Registry methods an agent's MCP server does not offer, and why.
 NOT_ON_MCP = {
-    **NOT_ON_CLI,
-    "transition": "a parked phase has no expiry: an agent that died after parking would wedge "
-                  "the task, so phases are for people and CI (the CLI)",
+    **{k: v for k, v in NOT_ON_CLI.items() if k != "add_many"},  # add_many is a tool
     "reopen": "reopening finished work is a reviewer's decision (the CLI)",
-    "add": "the queue is planned by people; agents take work from it (claim_next, ready)",
-    "depend": "planning the queue, as add",
-    "block": "planning the queue, as add",
-    "unblock": "planning the queue, as add",
     "tasks": "the whole queue is for planning; ready and brief show what an agent may take",
     "merge": "reads another registry's files from disk: an operator's step (the CLI)",
     "sync": "talks to the repository's git remote (network, git's credential helpers): an "

@@ -1,7 +1,8 @@
 """``fleetclaims brief``: a short, current picture of the registry for an agent's context.
 
 Who holds what, what is stale, what this owner holds and must renew soon, and the exact
-commands to use. Kept short on purpose (an agent's context is precious): each list is capped.
+commands to use: shell commands, or for an agent on the MCP server (``tools=True``) the tool
+calls it can make. Kept short on purpose (an agent's context is precious): lists are capped.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ def _entry(c: Claim, now: float, stale: str | None) -> dict[str, Any]:
             "renew_now": renew}
 
 
-def build(reg: Registry, owner: str | None, now: float) -> dict[str, Any]:
-    """The brief as data (``--json``); :func:`render` turns it into text."""
+def build(reg: Registry, owner: str | None, now: float, *, tools: bool = False,
+          ) -> dict[str, Any]:
+    """The brief as data (``--json``); :func:`render` turns it into text. ``tools``: the
+    actions as MCP tool calls instead of shell commands."""
     mine, others, stale = [], [], []
     for c in reg.claims(include_expired=True):
         why = reg.is_stale(c)
@@ -40,9 +43,9 @@ def build(reg: Registry, owner: str | None, now: float) -> dict[str, Any]:
         else:
             others.append(e)
     me = owner or "YOU"
-    ready = [{"task": t.task, "priority": t.priority, "labels": list(t.labels)}
-             for t in reg.ready()]
-    commands = {
+    ready = [{"task": t.task, "priority": t.priority, "labels": list(t.labels),
+              "title": t.title} for t in reg.ready()]
+    commands = TOOL_CALLS if tools else {
         "claim-next": f"fleetclaims claim-next --owner {me} --ttl 10m   # the best ready task",
         "claim": f"fleetclaims claim TASK --owner {me} --ttl 10m",
         "run": f"fleetclaims run TASK --owner {me} -- CMD ARGS...",
@@ -54,13 +57,30 @@ def build(reg: Registry, owner: str | None, now: float) -> dict[str, Any]:
     }
     return {"registry": str(reg.location), "owner": owner, "generated_at": now,
             "mine": mine, "held_by_others": others, "stale": stale, "ready": ready,
-            "queue": reg.stats().queue, "commands": commands}
+            "queue": reg.stats().queue, "commands": commands, "tools": tools}
+
+
+#: what an agent on the MCP server can call (its owner is fixed; the server keeps tokens)
+TOOL_CALLS = {
+    "claim_next": "claim_next(ttl=600, wait=300)   # the best ready task; waits up to 5 min",
+    "claim": "claim(task='TASK', ttl=600)",
+    "renew": "renew(task='TASK')   # the server renews while you work; after a long pause, too",
+    "complete": "complete(task='TASK', result={'pr': 17})",
+    "release": "release(task='TASK')   # stop without finishing",
+    "handoff": "handoff(task='TASK', to_owner='OTHER', note='...')",
+    "transition": "transition(task='TASK', phase='review')   # parked: no lease to renew",
+    "recover": "recover(task='TASK', reason='...')   # only a stale claim",
+    "add": "add(task='TASK', title='...', description='...', depends_on=['OTHER'])",
+    "explain": "explain(task='TASK')",
+}
 
 
 def render(doc: dict[str, Any]) -> str:
     """The brief as text: a few lines an agent can read at the start of its turn."""
     now = doc["generated_at"]
     owner = doc["owner"]
+    tools = bool(doc.get("tools"))
+    more_claims = "call claims" if tools else "fleetclaims claims"
     lines = [f"fleetclaims brief ({doc['registry']})"]
 
     def section(title: str, entries: list[dict[str, Any]], show_owner: bool) -> None:
@@ -81,7 +101,7 @@ def render(doc: dict[str, Any]) -> str:
             note = f' "{e["note"]}"' if e["note"] else ""
             lines.append(f"  {e['task']}{who} (fence {e['fence']}, {e['phase']}) {when}{note}")
         if len(entries) > SHOWN:
-            lines.append(f"  ... and {len(entries) - SHOWN} more (fleetclaims claims)")
+            lines.append(f"  ... and {len(entries) - SHOWN} more ({more_claims})")
 
     if owner is not None:
         mine = doc["mine"]
@@ -100,14 +120,17 @@ def render(doc: dict[str, Any]) -> str:
     if doc["queue"]:
         counts = ", ".join(f"{n} {k}" for k, n in doc["queue"].items() if n)
         lines.append("")
-        lines.append(f"Work queue ({counts}); take the next with `fleetclaims claim-next`:")
+        take = "claim_next()" if tools else "`fleetclaims claim-next`"
+        lines.append(f"Work queue ({counts}); take the next with {take}:")
         for t in doc["ready"][:SHOWN]:
             labels = f" [{', '.join(t['labels'])}]" if t["labels"] else ""
-            lines.append(f"  {t['task']} (priority {t['priority']}){labels}")
+            title = f": {t['title']}" if t.get("title") else ""
+            lines.append(f"  {t['task']} (priority {t['priority']}){labels}{title}")
         if len(doc["ready"]) > SHOWN:
-            lines.append(f"  ... and {len(doc['ready']) - SHOWN} more ready (fleetclaims ready)")
+            lines.append(f"  ... and {len(doc['ready']) - SHOWN} more ready "
+                         f"({'call ready' if tools else 'fleetclaims ready'})")
     lines.append("")
-    lines.append("Commands:")
+    lines.append("Tool calls:" if tools else "Commands:")
     width = max(len(k) for k in doc["commands"])
     for name, command in doc["commands"].items():
         lines.append(f"  {name.ljust(width)}  {command}")

@@ -2,8 +2,12 @@
 
 The owner is fixed when the server starts, so an agent cannot act as another by passing a
 name. The server keeps the tokens of the claims it made (claim, recover) and uses them when a
-tool is called without one: the agent never copies secrets around. The server process is the
-claims' owner process, so if it dies its claims become stale at once and can be recovered.
+tool is called without one: the agent never copies secrets around. It persists them (see
+``mcp_keep``), so after a restart it resumes its claims, and it renews their leases while the
+client is connected, for at most ``mcp_keep.KEEPALIVE_MAX`` seconds after the agent's last
+call. Its claims record no owner process: MCP clients restart servers freely, and a restart
+must not make the agent's work "owner dead"; the lease decides (a server gone for good stops
+renewing, so its claims expire after their TTL).
 
 Tool names are the Registry's method names (``get``, ``claims``, ``claim_next``); the older
 names ``show``, ``list`` and ``next`` stay as aliases (ALIASES) for clients that use them.
@@ -15,6 +19,7 @@ object with the typed error's ``error`` code, ``message``, ``holder`` where ther
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -29,6 +34,9 @@ from pydantic import Field
 from .._version import __version__
 from ..core.errors import ClaimConflict, FleetclaimsError, NotHolder
 from . import brief
+from .mcp_keep import KEEPALIVE_MAX, Keeper, TokenFile, resume
+from .mcp_plan import TOOLS as PLANNING
+from .mcp_plan import PlanningTools
 
 if TYPE_CHECKING:
     from ..api import Registry
@@ -43,6 +51,11 @@ Ttl = Annotated[float | None, Field(
 LeaseTtl = Annotated[float, Field(
     ge=1, le=86400,
     description="Lease length in seconds; renew before it runs out (every ttl/3 is safe).")]
+
+Wait = Annotated[float, Field(
+    ge=0, le=600, description="Seconds to wait for the task to be free (woken by registry "
+    "changes, not polling); 0 answers at once.")]
+WAIT_SLICE = 2.0  # a waiting tool call lets go of the server's lock this often
 
 READ = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
 WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
@@ -96,20 +109,41 @@ def _error(exc: FleetclaimsError) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
 
-class ClaimsServer:
+class ClaimsServer(PlanningTools):
     """The tools, bound to one registry and one owner; the tokens of claims made here."""
 
-    def __init__(self, registry: Registry, owner: str) -> None:
+    def __init__(self, registry: Registry, owner: str, token_file: TokenFile | None = None,
+                 keepalive: float = KEEPALIVE_MAX) -> None:
         from ..core import validate
 
         self.registry = registry
         self.owner = validate.owner(owner)
+        self.token_file = token_file
         self.tokens: dict[str, str] = {}
+        if token_file is not None:  # a restarted server resumes the claims it still holds
+            self.tokens = resume(registry, self.owner, token_file.load())
+            self._save()
         # Tools run in worker threads; one registry operation at a time keeps the handle and
         # the token table consistent (each operation takes well under a millisecond).
         self._lock = threading.Lock()
+        self.keeper = Keeper(registry, self.tokens, self._lock, self.forget, keepalive)
+
+    def _save(self) -> None:
+        if self.token_file is not None:
+            self.token_file.save(self.tokens)
+
+    def keep(self, task: str, token: str) -> None:
+        """Hold on to ``token`` for ``task`` (persisted at once)."""
+        if self.tokens.get(task) != token:
+            self.tokens[task] = token
+            self._save()
+
+    def forget(self, task: str) -> None:
+        if self.tokens.pop(task, None) is not None:
+            self._save()
 
     def call(self, op: Callable[[], Any]) -> CallToolResult:
+        self.keeper.touched()
         with self._lock:
             try:
                 return _ok(op())
@@ -143,12 +177,15 @@ class ClaimsServer:
         try:
             return op()
         except NotHolder:
-            self.tokens.pop(task, None)
+            self.forget(task)
             raise
+
+    def summary(self, c: Claim) -> dict[str, Any]:
+        return _summary(c, self.registry.store.now())
 
     def granted(self, c: Claim) -> dict[str, Any]:
         if c.token:
-            self.tokens[c.task] = c.token
+            self.keep(c.task, c.token)
         return {**_summary(c, self.registry.store.now()), "token_held_by_server": True}
 
     # --- tools ---------------------------------------------------------------------------
@@ -161,12 +198,13 @@ class ClaimsServer:
                                              "preemption.")] = 100,
               take_stale: Annotated[bool, Field(description="Take the task over if its claim "
                                                 "is stale (expired or owner dead).")] = False,
+              wait: Wait = 0,
               ) -> CallToolResult:
         # With the token this server already holds for the task, a repeated claim (an agent
         # retrying after a lost reply) is idempotent instead of a conflict with itself.
-        return self.call(lambda: self.granted(self.registry.claim(
+        return self.waiting(wait, lambda w: self.granted(self.registry.claim(
             task, owner=self.owner, ttl=ttl, note=note, priority=priority,
-            take_stale=take_stale, token=self.tokens.get(task))))
+            take_stale=take_stale, token=self.tokens.get(task), process=False, wait=w)))
 
     def claim_next(self,
                    ttl: LeaseTtl = 600,
@@ -174,17 +212,44 @@ class ClaimsServer:
                        description="Only tasks carrying every one of these labels.")] = None,
                    take_stale: Annotated[bool, Field(description="A queued task whose claim "
                                                      "is stale counts as ready.")] = False,
+                   wait: Wait = 0,
                    ) -> CallToolResult:
-        def op() -> dict[str, Any]:
+        def op(w: float | None) -> dict[str, Any]:
             c = self.registry.claim_next(owner=self.owner, labels=labels, ttl=ttl,
-                                         take_stale=take_stale)
+                                         take_stale=take_stale, process=False, wait=w)
             if c is None:
                 return {"task": None, "claimed": False, "queue": self.registry.stats().queue,
-                        "next_action": "Nothing is ready: wait and call claim_next again, or see "
-                        "the ready tool."}
-            return {**self.granted(c), "claimed": True}
+                        "next_action": "Nothing is ready: call claim_next with wait=300 to "
+                        "sleep until a task is, or see the ready tool."}
+            queued = self.registry.task(c.task)
+            text = {} if queued is None else {"title": queued.task.title,
+                                              "description": queued.task.description}
+            return {**self.granted(c), **text, "claimed": True}
 
-        return self.call(op)
+        return self.waiting(wait, op, done=lambda r: bool(r.get("claimed")))
+
+    def waiting(self, wait: float, op: Callable[[float | None], dict[str, Any]],
+                done: Callable[[dict[str, Any]], bool] = lambda r: True) -> CallToolResult:
+        """``op`` with ``wait`` seconds of waiting, in slices of WAIT_SLICE: the lock is let go
+        between them, so the keeper renews the leases held meanwhile and other calls run."""
+        if not wait:
+            return self.call(lambda: op(None))
+        from .._wait import continued
+
+        deadline = time.monotonic() + wait
+        first = True
+        while True:
+            left = deadline - time.monotonic()
+            with contextlib.nullcontext() if first else continued():  # one refusal per call
+                piece = max(0.0, min(WAIT_SLICE, left))
+                result = self.call(lambda: op(piece))  # noqa: B023 - called here, at once
+            first = False
+            if result.is_error:
+                payload = json.loads(result.content[0].text)  # type: ignore[union-attr]
+                if payload.get("error") not in ("conflict", "not_ready") or left <= WAIT_SLICE:
+                    return result
+            elif done(result.structured_content or {}) or left <= WAIT_SLICE:
+                return result
 
     def ready(self, labels: Annotated[list[str] | None, Field(
             description="Only tasks carrying every one of these labels.")] = None,
@@ -201,7 +266,7 @@ class ClaimsServer:
         def op() -> dict[str, Any]:
             tok = self.token_for(task, token)
             c = self.forget_if_lost(task, lambda: self.registry.renew(task, token=tok, ttl=ttl))
-            self.tokens[task] = tok  # an explicitly passed token is kept from now on
+            self.keep(task, tok)  # an explicitly passed token is kept from now on
             return _summary(c, self.registry.store.now())
 
         return self.call(op)
@@ -210,7 +275,7 @@ class ClaimsServer:
         def op() -> dict[str, Any]:
             tok = self.token_for(task, token)
             done = self.forget_if_lost(task, lambda: self.registry.release(task, token=tok))
-            self.tokens.pop(task, None)
+            self.forget(task)
             return {"task": task, "released": done}
 
         return self.call(op)
@@ -227,7 +292,7 @@ class ClaimsServer:
             tok = self.token_for(task, token)
             c = self.forget_if_lost(task, lambda: self.registry.complete(task, token=tok,
                                                                          result=result))
-            self.tokens.pop(task, None)
+            self.forget(task)
             return _summary(c, self.registry.store.now())
 
         return self.call(op)
@@ -239,7 +304,7 @@ class ClaimsServer:
                 note: Annotated[str | None, Field(description="What you will do.")] = None,
                 ) -> CallToolResult:
         return self.call(lambda: self.granted(self.registry.recover(
-            task, owner=self.owner, reason=reason, ttl=ttl, note=note)))
+            task, owner=self.owner, reason=reason, ttl=ttl, note=note, process=False)))
 
     def handoff(self, task: Task,
                 to_owner: Annotated[str, Field(description="Who receives the claim.")],
@@ -249,7 +314,7 @@ class ClaimsServer:
             tok = self.token_for(task, token)
             c = self.forget_if_lost(task, lambda: self.registry.handoff(
                 task, token=tok, to_owner=to_owner, note=note, ttl=ttl))
-            self.tokens.pop(task, None)
+            self.forget(task)
             # The new token belongs to the receiver: it is returned once, to be passed on.
             return {**_summary(c, self.registry.store.now()), "token_for_receiver": c.token}
 
@@ -313,7 +378,7 @@ class ClaimsServer:
 
     def brief(self) -> CallToolResult:
         def op() -> dict[str, Any]:
-            doc = brief.build(self.registry, self.owner, time.time())
+            doc = brief.build(self.registry, self.owner, time.time(), tools=True)
             return {"text": brief.render(doc), "brief": doc}
 
         return self.call(op)
@@ -350,7 +415,8 @@ TOOLS: dict[str, tuple[str, ToolAnnotations]] = {
     "sweep": ("Mark expired leases and claims of dead owners as stale (recorded as "
               "lease_expired); `dry_run` only reports.", WRITE),
     "brief": ("A short current picture: what you hold and must renew, what others hold, what "
-              "is stale, and the commands to use. Call it at the start of a session.", READ),
+              "is stale, and the tool calls to use. Call it at the start of a session.", READ),
+    **{name: (text, WRITE) for name, text in PLANNING.items()},
 }
 
 
@@ -394,17 +460,22 @@ def _internal(exc: BaseException) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
 
-def build(registry: Registry, owner: str) -> tuple[MCPServer[Any], ClaimsServer]:
-    """The MCP server for ``registry`` acting as ``owner``, and its tool object."""
-    tools = ClaimsServer(registry, owner)
+def build(registry: Registry, owner: str, token_file: TokenFile | None = None,
+          keepalive: float = KEEPALIVE_MAX) -> tuple[MCPServer[Any], ClaimsServer]:
+    """The MCP server for ``registry`` acting as ``owner``, and its tool object (whose tokens
+    are kept in ``token_file`` when given)."""
+    from ..core.durations import format_duration
+
+    tools = ClaimsServer(registry, owner, token_file, keepalive)
     server: MCPServer[Any] = _Server(
         name="fleetclaims", version=__version__, log_level="WARNING",
         instructions=(
             f"fleetclaims coordinates agents sharing one repository. You act as "
             f"{tools.owner!r}. Before working on a task, claim it; if the claim conflicts, "
-            "someone else owns it: pick another. Renew well before the lease expires; complete "
-            "when done or release if you stop. If renew fails, stop that work at once. Call "
-            "brief for the current picture."))
+            "someone else owns it: pick another. The server renews your leases while you work "
+            f"(for {format_duration(keepalive)} after your last call); complete when done or "
+            "release if you stop. If a call says you are not the holder, stop that work at "
+            "once. Call brief for the current picture."))
     for name, (description, hints) in TOOLS.items():
         server.add_tool(getattr(tools, name), name=name, description=description,
                         annotations=hints, structured_output=False)
@@ -416,16 +487,18 @@ def build(registry: Registry, owner: str) -> tuple[MCPServer[Any], ClaimsServer]
     return server, tools
 
 
-def serve(registry: Registry, owner: str) -> None:
-    """Serve over stdio until the client closes the connection. The SDK's transport is fed
-    through a filter that answers every line it cannot take itself (see ``_Wire``)."""
+def serve(registry: Registry, owner: str, keepalive: float = KEEPALIVE_MAX) -> None:
+    """Serve over stdio until the client closes the connection, with the tokens persisted and
+    the leases renewed meanwhile (``mcp_keep``). The SDK's transport is fed through a filter
+    that answers every line it cannot take itself (see ``_Wire``)."""
     import anyio
     from mcp.server.stdio import stdio_server
 
     from ..core.errors import ValidationError
     from .mcp_stdio import Wire
 
-    server, _ = build(registry, owner)
+    server, tools = build(registry, owner, TokenFile(registry.location, owner), keepalive)
+    tools.keeper.start()
 
     def refuse(field: str, reason: str) -> dict[str, Any]:
         result = _error(ValidationError(field, reason))

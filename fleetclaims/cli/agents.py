@@ -33,7 +33,7 @@ GRACE = 10.0  # run: seconds between SIGTERM and SIGKILL of the command's group 
 
 
 def add_parsers(add: AddParser) -> None:
-    from .claims import wait_option
+    from .who import wait_option
 
     p = add("run", "claim a task, heartbeat while CMD runs, complete on exit 0, else release")
     p.add_argument("task", nargs="?", help="the task (or --next: the best ready one)")
@@ -57,6 +57,9 @@ def add_parsers(add: AddParser) -> None:
 
     p = add("mcp", "serve the registry to an AI agent over MCP (stdio), as one owner")
     p.add_argument("--owner", default=None, help=owner_help)
+    p.add_argument("--keepalive", type=dur("keepalive"), default=3600.0,
+                   help="renew the leases the server holds for at most this long after the "
+                   "agent's last tool call (default 1h)")
 
     p = add("guard", "refuse (exit non-zero) if this run's claim is no longer live and ours")
     p.add_argument("--hook", default=None, help="the git hook calling it (for the message)")
@@ -103,14 +106,32 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
 def cmd_mcp(args: argparse.Namespace, out: Out) -> int:
     owner = _owner(args, required=True)
     assert owner is not None
+    _explicit_registry(args)
     try:
         from ..agents import mcp_server
     except ImportError as exc:
         raise FleetclaimsError(
             f"the MCP server needs the MCP SDK, which is not installed ({exc}).",
             hint="Install the extra: pip install 'fleetclaims[mcp]'.") from None
-    mcp_server.serve(registry(args), owner)
+    mcp_server.serve(registry(args), owner, keepalive=args.keepalive)
     return EXIT_OK
+
+
+def _explicit_registry(args: argparse.Namespace) -> None:
+    """Refuse to serve a registry chosen silently: MCP clients pass no environment and may start
+    the server in ``/``, where the default would be the user's own registry, not the project's."""
+    from pathlib import Path
+
+    from ..location import git_main_worktree
+
+    if args.dir or os.environ.get("FLEETCLAIMS_DIR") or os.environ.get("FLEETCLAIMS_URL"):
+        return
+    if git_main_worktree(Path.cwd()) is None:
+        raise ValidationError(
+            "dir", f"is required: the server runs in {os.getcwd()}, which is not inside a git "
+            "repository, so it would serve a registry of its own choosing. Pass --dir "
+            "/path/to/repo/.cache/fleetclaims (or a postgresql:// URL) in the client's "
+            "configuration, or set FLEETCLAIMS_DIR")
 
 
 def cmd_guard(args: argparse.Namespace, out: Out) -> int:

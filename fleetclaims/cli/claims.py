@@ -12,6 +12,7 @@ from ..core.durations import iso, relative
 from .args import AddParser, Handler, dur, json_arg, reader, registry, token, token_option
 from .output import EXIT_OK, claim_doc, claim_rows, data_doc, show_claim
 from .sync import remote_arg, remote_option
+from .who import owner_of, owner_option, wait_option
 
 if TYPE_CHECKING:
     from ..core.model import Claim
@@ -134,31 +135,6 @@ def _add_read_parsers(add: AddParser) -> None:
     p = add("sweep", "record lease_expired for expired leases and dead owners")
     p.add_argument("--dry-run", action="store_true", help="report only")
     p.add_argument("--actor", default="sweeper")
-
-
-def owner_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--owner", default=None,
-                   help="who claims it, e.g. agent-a (default: $FLEETCLAIMS_OWNER)")
-
-
-def owner_of(args: argparse.Namespace) -> str:
-    """``--owner``, else ``$FLEETCLAIMS_OWNER``; refused (usage) when neither is set."""
-    from ..core.errors import ValidationError
-
-    owner = args.owner or os.environ.get("FLEETCLAIMS_OWNER") or None
-    if owner is None:
-        raise ValidationError("owner", "is required: pass --owner NAME or set FLEETCLAIMS_OWNER")
-    return str(owner)
-
-
-WAIT_MAX = 7 * 86400.0  # --wait without a duration: a week (_wait.WAIT_MAX, the longest)
-
-
-def wait_option(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--wait", type=dur("wait"), nargs="?", const=WAIT_MAX, default=None,
-                   metavar="DURATION",
-                   help=f"wait {what} (woken by registry changes, no polling), at most "
-                   "DURATION (default: a week); one refusal is recorded per wait")
 
 
 # --- changes -----------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from ..core.durations import relative
 from ..core.errors import ValidationError
 from .args import AddParser, Handler, dur, reader, registry
-from .claims import owner_of, owner_option, wait_option
 from .output import EXIT_OK, claim_doc, exit_code, show_claim
+from .who import owner_of, owner_option, wait_option
 
 if TYPE_CHECKING:
     from ..core.queue import Task, TaskStatus

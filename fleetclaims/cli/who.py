@@ -1,0 +1,34 @@
+"""Options the claiming commands share (``claim``, ``claim-next``, ``recover``, ``run``):
+who claims (``--owner`` or ``$FLEETCLAIMS_OWNER``) and how long to wait (``--wait``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .args import dur
+
+
+def owner_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--owner", default=None,
+                   help="who claims it, e.g. agent-a (default: $FLEETCLAIMS_OWNER)")
+
+
+def owner_of(args: argparse.Namespace) -> str:
+    """``--owner``, else ``$FLEETCLAIMS_OWNER``; refused (usage) when neither is set."""
+    from ..core.errors import ValidationError
+
+    owner = args.owner or os.environ.get("FLEETCLAIMS_OWNER") or None
+    if owner is None:
+        raise ValidationError("owner", "is required: pass --owner NAME or set FLEETCLAIMS_OWNER")
+    return str(owner)
+
+
+WAIT_MAX = 7 * 86400.0  # --wait without a duration: a week (_wait.WAIT_MAX, the longest)
+
+
+def wait_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--wait", type=dur("wait"), nargs="?", const=WAIT_MAX, default=None,
+                   metavar="DURATION",
+                   help=f"wait {what} (woken by registry changes, no polling), at most "
+                   "DURATION (default: a week); one refusal is recorded per wait")

@@ -16,6 +16,7 @@ changed), decide locally, swap the remote ref; a swap that loses undoes the loca
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -25,7 +26,7 @@ import orjson
 from ..core import events as ev
 from ..core import rules, validate
 from ..core.chain import token_hash
-from ..core.errors import ClaimConflict, NotHolder, RemoteUnavailable
+from ..core.errors import ClaimConflict, NotHolder, RemoteUnavailable, ValidationError
 from ..core.model import UNKNOWN_VERDICT, Claim, Now
 from ..core.rules import Decision
 from ..core.state import State
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 LEASES_NS = "refs/fleetclaims/leases/"
+_SWAP_TRIES = 5
 HELD, RELEASED, COMPLETED = "held", "released", "completed"
 
 
@@ -47,6 +49,10 @@ class RemoteLeases:
     """The remote leases of one registry's repository on one remote."""
 
     def __init__(self, reg: Registry, remote: str | None) -> None:
+        if reg.store.capabilities.kind == "postgres":
+            raise ValidationError("remote", "a PostgreSQL registry holds one lease per task for "
+                                  "every machine already; remote leases are for file registries",
+                                  value=remote)
         self.reg = reg
         self.git = Git(repository_of(reg.location))
         self.remote = remote or self.git.default_remote()
@@ -61,7 +67,12 @@ class RemoteLeases:
         if sha is None:
             return None, None
         if not self.git.has(sha):
-            self.git.fetch(self.remote, [f"+{ref}:{self.local_ns}{ref_component(task)}"])
+            local = self.local_ns + ref_component(task)
+            self.git.fetch(self.remote, [f"+{ref}:{local}"])
+            # What was fetched: the ref may have moved since ls-remote answered.
+            sha = self.git.rev(local)
+            if sha is None:
+                return None, None
         return sha, read_lease(self.git, sha)
 
     def swap(self, task: str, old: str | None, doc: dict[str, Any]) -> str | None:
@@ -70,7 +81,17 @@ class RemoteLeases:
         commit = self.git.commit(
             self.git.tree([("lease.json", blob)]), old,
             f"fleetclaims lease: {task} {doc['state']} {doc['owner']} fence {doc['fence']}")
-        return commit if self.git.push(self.remote, {lease_ref(task): (old, commit)}).ok else None
+        ref = lease_ref(task)
+        for attempt in range(_SWAP_TRIES):
+            if self.git.push(self.remote, {ref: (old, commit)}).ok:
+                return commit
+            # Refused. A push that lost its compare-and-swap finds the ref moved; one that met
+            # another push holding the ref's lock on the remote (`cannot lock ref`) finds it
+            # unchanged, and tries again.
+            if self.git.ls_remote(self.remote, ref).get(ref) != old:
+                return None
+            time.sleep(0.01 * (attempt + 1))
+        return None
 
     def record(self, task: str, action: str, claim_owner: str, fence: int, commit: str | None,
                **extra: Any) -> None:

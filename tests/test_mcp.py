@@ -63,6 +63,7 @@ async def error(session: ClientSession, tool: str, **arguments: Any) -> dict[str
     return data
 
 
+@pytest.mark.slow
 def test_two_agents_claim_conflict_renew_complete(tmp_path: Path) -> None:
     """Owner A claims, renews and completes with tokens kept by its server; B conflicts."""
     reg_dir = tmp_path / "reg"
@@ -211,6 +212,7 @@ def test_readme_client_configuration_works(tmp_path: Path) -> None:
     anyio.run(scenario)
 
 
+@pytest.mark.slow
 def test_two_agents_share_the_work_queue(tmp_path: Path) -> None:
     """`next` hands each agent a different ready task, never one waiting for another; the
     token stays with the server that claimed, so `complete` needs no token."""

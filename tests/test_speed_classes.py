@@ -66,6 +66,7 @@ pytest_collection_modifyitems = suite.pytest_collection_modifyitems
 """
 
 
+@pytest.mark.slow
 def test_a_test_without_a_class_stops_the_run(pytester: pytest.Pytester) -> None:
     """A module without pytestmark is refused at collection, naming the test; nothing runs."""
     pytester.makepyprojecttoml(PYPROJECT)

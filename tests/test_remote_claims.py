@@ -184,3 +184,39 @@ def test_concurrent_remote_claims_from_four_clones_never_double_hold(tmp_path: P
     assert sum(r["lost"] for r in results) >= rounds  # they did race
     fences = [x["fence"] for x in _lease_log(bare, "hot") if x["state"] == "held"]
     assert fences == sorted(fences) and len(set(fences)) == len(fences)
+
+
+def _commit(clone: Path, name: str, message: str) -> None:
+    (clone / name).write_text(name)
+    git("add", name, cwd=clone)
+    git("commit", "-q", "-m", message, cwd=clone)
+
+
+def test_pre_push_refuses_commits_fenced_below_the_remote_lease(tmp_path: Path) -> None:
+    """With the hooks installed, a push whose commits carry `Claim: t fence N` below the fence
+    of t's lease on the remote is refused; at the current fence, or without a trailer, it
+    goes through."""
+    bare, (a, b) = remote_with_clones(tmp_path, 2)
+    installed = subprocess.run([sys.executable, "-m", "fleetclaims", "hooks", "install"], cwd=a,
+                               capture_output=True, text=True, check=False)
+    assert installed.returncode == 0, installed.stderr
+    ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
+    old = ra.claim("t", owner="alice", ttl=600, remote="origin")
+    ra.release("t", token=old.token, remote="origin")
+    new = rb.claim("t", owner="bob", ttl=600, remote="origin")
+    assert new.fence > old.fence
+    _commit(a, "plain", "no trailer")
+    pushed = subprocess.run(["git", "push", "-q", "origin", "HEAD"], cwd=a, capture_output=True,
+                            text=True, check=False)
+    assert pushed.returncode == 0, pushed.stderr
+    _commit(a, "late", f"late work\n\nClaim: t fence {old.fence}")
+    refused = subprocess.run(["git", "push", "-q", "origin", "HEAD"], cwd=a,
+                             capture_output=True, text=True, check=False)
+    assert refused.returncode != 0
+    assert "push refused" in refused.stderr and f"fence {new.fence}" in refused.stderr
+    git("reset", "-q", "--hard", "HEAD~1", cwd=a)
+    _commit(a, "current", f"current work\n\nClaim: t fence {new.fence}")
+    pushed = subprocess.run(["git", "push", "-q", "origin", "HEAD"], cwd=a, capture_output=True,
+                            text=True, check=False)
+    assert pushed.returncode == 0, pushed.stderr
+    assert git("log", "-1", "--format=%s", "main", cwd=bare) == "current work"

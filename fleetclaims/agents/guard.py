@@ -115,6 +115,38 @@ def check(reg: Registry, claim: ClaimEnv) -> GuardResult:
                        reason=f"{current.owner} holds {claim.task!r} (fence {claim.fence})")
 
 
+def check_fences(repo: str, remote: str, trailers: str) -> GuardResult:
+    """pre-push: the ``Claim: TASK fence N`` trailers of the commits being pushed (one value a
+    line) against each task's lease on the git ``remote`` (``claim --remote``). A fence below
+    the lease's is work started under a grant since replaced: refused (``fence_mismatch``). A
+    task without a remote lease passes; a remote that cannot be read refuses (fail closed: the
+    push could not reach it either)."""
+    from ..sync.gitrefs import Git
+    from ..sync.remote_lease import remote_lease
+
+    lowest: dict[str, int] = {}
+    for line in trailers.splitlines():
+        task, _, number = line.strip().rpartition(" fence ")
+        if task and number.isdigit():  # anything else is not a trailer of ours
+            lowest[task] = min(int(number), lowest.get(task, int(number)))
+    git = Git(repo)
+    for task, fence in sorted(lowest.items()):
+        try:
+            lease = remote_lease(git, remote, task)
+        except FleetclaimsError as exc:
+            return GuardResult(False, task, fence, code=exc.code, reason=exc.message,
+                               next_action=exc.hint or "Check the remote, then push again.")
+        if lease is not None and fence < int(lease["fence"]):
+            holder = str(lease["owner"])
+            return GuardResult(
+                False, task, fence, code="fence_mismatch", holder=holder,
+                reason=f"a commit carries fence {fence} for {task!r}, below the fence "
+                f"{lease['fence']} of its lease on {remote!r} ({holder}, {lease['state']})",
+                next_action=f"That work was started under an earlier grant; check `fleetclaims "
+                f"explain {task}` and redo it under the current claim.")
+    return GuardResult(True, reason=f"{len(lowest)} claimed task(s) checked against {remote!r}")
+
+
 def refused(claim: ClaimEnv, exc: FleetclaimsError) -> GuardResult:
     """The refusal for ``claim`` that ``exc`` (raised while checking it) stands for."""
     holder = getattr(exc, "holder", None)

@@ -1,8 +1,10 @@
 """``fleetclaims hooks install|uninstall``: the guard as git hooks, chained to the hooks there.
 
 Each hook is a short ``sh`` script. Outside a claimed run (``FLEETCLAIMS_TASK`` unset) it starts
-no Python at all, so ordinary commits pay nothing. A hook that was already there is moved aside
-to ``<name>.fleetclaims-chained`` and called after the guard with the same arguments and stdin;
+no Python at all, so ordinary commits pay nothing; pre-push starts it only when a pushed commit
+carries a ``Claim:`` trailer, to check that fence against the task's lease on the remote. A
+hook that was already there is moved aside to ``<name>.fleetclaims-chained`` and called after
+the guard with the same arguments and stdin;
 ``uninstall`` moves it back, byte for byte. The hooks directory is the one git itself uses
 (``core.hooksPath`` honoured, worktrees share the main repository's hooks).
 """
@@ -58,6 +60,8 @@ def _command() -> str:
 def script(name: str) -> str:
     """The hook script for ``name``: guard (or add the trailer) in a claimed run, then chain."""
     chained = f'"$(dirname "$0")/{name}{CHAINED_SUFFIX}"'
+    if name == "pre-push":
+        return _pre_push(chained)
     if name == TRAILER_HOOK:
         # $1 is the message file. The trailer lets reviewers match a commit to its claim.
         action = ('  git interpret-trailers --in-place --if-exists addIfDifferent --trailer '
@@ -75,6 +79,39 @@ def script(name: str) -> str:
         "fi\n"
         f"if [ -x {chained} ]; then\n"
         f'  exec {chained} "$@"\n'
+        "fi\n"
+        "exit 0\n"
+    )
+
+
+def _pre_push(chained: str) -> str:
+    """pre-push: the guard in a claimed run, then the fences of the pushed commits' ``Claim:``
+    trailers against the remote's leases (Python starts only when a pushed commit carries one),
+    then the chained hook with the same refs on its stdin."""
+    return (
+        "#!/bin/sh\n"
+        f"{MARKER} (pre-push): installed by `fleetclaims hooks install`; undo with "
+        "`fleetclaims hooks uninstall`.\n"
+        "refs=$(cat)\n"
+        'if [ -n "${FLEETCLAIMS_TASK:-}" ]; then\n'
+        f"  {_command()} guard --hook pre-push </dev/null || exit $?\n"
+        "fi\n"
+        "# The Claim trailers of the commits this push sends (new branch: those not on the "
+        "remote yet).\n"
+        "remote=$1 format='%(trailers:key=Claim,valueonly)'\n"
+        "claims=$(printf '%s\\n' \"$refs\" | while read -r lref lsha rref rsha; do\n"
+        '  case "$lsha" in *[!0]*) ;; *) continue ;; esac\n'
+        '  if git cat-file -e "$rsha^{commit}" 2>/dev/null; then\n'
+        '    git log --format="$format" "$rsha..$lsha"\n'
+        '  else\n'
+        '    git log --format="$format" "$lsha" --not --remotes="$remote"\n'
+        '  fi\n'
+        "done)\n"
+        'if [ -n "$(printf \'%s\' "$claims" | tr -d \'[:space:]\')" ]; then\n'
+        f"  printf '%s\\n' \"$claims\" | {_command()} sync --check-fences \"$remote\" || exit $?\n"
+        "fi\n"
+        f"if [ -x {chained} ]; then\n"
+        f'  printf \'%s\\n\' "$refs" | {chained} "$@"; exit $?\n'
         "fi\n"
         "exit 0\n"
     )

@@ -44,9 +44,14 @@ def add_parsers(add: AddParser) -> None:
     p.add_argument("--accept-rewritten", action="store_true",
                    help="go on although a fleetclaims ref on the remote was force-pushed or "
                    "deleted (the local registry is kept whole and published again)")
+    p.add_argument("--check-fences", action="store_true",
+                   help="(the pre-push hook) read `TASK fence N` lines (Claim trailers of the "
+                   "commits being pushed) on stdin; refuse one below the task's lease on REMOTE")
 
 
 def cmd_sync(args: argparse.Namespace, out: Out) -> int:
+    if args.check_fences:
+        return _check_fences(args, out)
     report = registry(args).sync(args.remote, actor=args.actor,
                                  accept_rewritten=args.accept_rewritten)
     if out.json:
@@ -60,6 +65,23 @@ def cmd_sync(args: argparse.Namespace, out: Out) -> int:
         out.line(f"  {c.task}: {c.winner} (fence {c.winner_fence}) wins over {c.loser} "
                  f"(fence {c.loser_fence}) by {c.rule}; see `fleetclaims explain {c.task}`")
     return EXIT_OK
+
+
+def _check_fences(args: argparse.Namespace, out: Out) -> int:
+    import sys
+
+    from ..agents.guard import check_fences
+    from ..sync.gitrefs import Git, repository_of
+    from .output import exit_code
+
+    repo = repository_of(".")
+    result = check_fences(repo, args.remote or Git(repo).default_remote(), sys.stdin.read())
+    if out.json:
+        out.doc(result.to_dict())
+    if not result.ok:
+        sys.stderr.write(f"fleetclaims guard: push refused: {result.reason.rstrip('.')}.\n"
+                         f"{result.next_action}\n")
+    return exit_code(result.code)
 
 
 COMMANDS: dict[str, Handler] = {"sync": cmd_sync}

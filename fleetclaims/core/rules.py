@@ -13,7 +13,7 @@ from typing import Any
 
 from . import events as ev
 from . import queue
-from .durations import format_duration
+from .durations import format_duration, iso
 from .errors import (
     ClaimConflict,
     ClaimSuperseded,
@@ -97,8 +97,8 @@ def stale_reason(claim: Claim, now: Now, verdict: Verdict) -> str | None:
         return None
     if lease_expired(claim, now):
         if claim.ttl is None and claim.expires_at is not None:
-            parked = format_duration(max(claim.expires_at - claim.renewed_at, 0.0))
-            return f"parked in {claim.phase} longer than its maximum park time ({parked})"
+            return (f"parked in {claim.phase} past its maximum park time (which ended "
+                    f"{iso(claim.expires_at)})")
         return "lease expired"
     if verdict.dead:
         return "owner dead: " + "; ".join(verdict.reasons)

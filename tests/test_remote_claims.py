@@ -192,6 +192,7 @@ def _commit(clone: Path, name: str, message: str) -> None:
     git("commit", "-q", "-m", message, cwd=clone)
 
 
+@pytest.mark.slow  # real pushes through installed hooks: about 2 s
 def test_pre_push_refuses_commits_fenced_below_the_remote_lease(tmp_path: Path) -> None:
     """With the hooks installed, a push whose commits carry `Claim: t fence N` below the fence
     of t's lease on the remote is refused; at the current fence, or without a trailer, it

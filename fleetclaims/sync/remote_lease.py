@@ -56,24 +56,12 @@ class RemoteLeases:
         self.reg = reg
         self.git = Git(repository_of(reg.location))
         self.remote = remote or self.git.default_remote()
-        self.local_ns = f"refs/fleetclaims-sync/{remote_key(self.remote)}/leases/"
 
     # --- the remote ref ----------------------------------------------------------------------
 
     def read(self, task: str) -> tuple[str | None, dict[str, Any] | None]:
         """(commit, lease document) of ``task`` on the remote; (None, None) when it has none."""
-        ref = lease_ref(task)
-        sha = self.git.ls_remote(self.remote, ref).get(ref)
-        if sha is None:
-            return None, None
-        if not self.git.has(sha):
-            local = self.local_ns + ref_component(task)
-            self.git.fetch(self.remote, [f"+{ref}:{local}"])
-            # What was fetched: the ref may have moved since ls-remote answered.
-            sha = self.git.rev(local)
-            if sha is None:
-                return None, None
-        return sha, read_lease(self.git, sha)
+        return fetch_lease(self.git, self.remote, task)
 
     def swap(self, task: str, old: str | None, doc: dict[str, Any]) -> str | None:
         """Move the task's ref from ``old`` to a new lease commit; None when the swap lost."""
@@ -194,13 +182,26 @@ def read_lease(git: Git, commit: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def remote_fence(git: Git, remote: str, task: str) -> int | None:
-    """The fence of ``task``'s lease on ``remote`` (None: no lease there)."""
-    leases = RemoteLeases.__new__(RemoteLeases)
-    leases.git, leases.remote = git, remote
-    leases.local_ns = f"refs/fleetclaims-sync/{remote_key(remote)}/leases/"
-    _, lease = leases.read(task)
-    return None if lease is None else int(lease["fence"])
+def fetch_lease(git: Git, remote: str, task: str) -> tuple[str | None, dict[str, Any] | None]:
+    """(commit, lease document) of ``task`` on ``remote``; (None, None) when it has none."""
+    ref = lease_ref(task)
+    sha = git.ls_remote(remote, ref).get(ref)
+    if sha is None:
+        return None, None
+    if not git.has(sha):
+        local = f"refs/fleetclaims-sync/{remote_key(remote)}/leases/{ref_component(task)}"
+        git.fetch(remote, [f"+{ref}:{local}"])
+        # What was fetched: the ref may have moved since ls-remote answered.
+        sha = git.rev(local)
+        if sha is None:
+            return None, None
+    return sha, read_lease(git, sha)
 
 
-__all__ = ["LEASES_NS", "RemoteLeases", "document", "lease_ref", "live", "remote_fence"]
+def remote_lease(git: Git, remote: str, task: str) -> dict[str, Any] | None:
+    """The lease document of ``task`` on ``remote`` (None: no lease there)."""
+    return fetch_lease(git, remote, task)[1]
+
+
+__all__ = ["LEASES_NS", "RemoteLeases", "document", "fetch_lease", "lease_ref", "live",
+           "remote_lease"]

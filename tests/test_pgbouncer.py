@@ -5,6 +5,7 @@ another server connection. Plus: many clients through a small pool, and no setti
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -14,7 +15,7 @@ from pg_server import PgServer
 from pgbouncer import PgBouncer, start_pgbouncer
 from test_contract import *  # noqa: F403 - the contract tests, collected again here
 
-from fleetclaims import Registry
+from fleetclaims import Registry, StoreUnavailable
 from fleetclaims.testing import FakeClock, FakeProber
 
 pytestmark = pytest.mark.integration  # (the same type as test_contract's, which it replaces)
@@ -66,6 +67,29 @@ def test_many_handles_through_a_small_pool(bouncer: PgBouncer) -> None:
     assert handles[0].verify().ok
     for reg in handles:
         reg.close()
+
+
+@pytest.mark.slow
+def test_a_full_pool_gives_a_typed_error_within_the_budget(bouncer: PgBouncer) -> None:
+    """Every server connection of the pool is held by an open transaction: a claim waits in
+    PgBouncer's queue no longer than lock_timeout and fails with StoreUnavailable (nothing
+    committed); once the pool frees up, it succeeds."""
+    url = bouncer.url("fleetclaims_test")
+    reg = Registry(url + "?schema=b_" + uuid.uuid4().hex[:12], lock_timeout=1)
+    reg.claim("warm", owner="a")
+    holders = [psycopg.connect(url, prepare_threshold=None) for _ in range(2)]
+    try:
+        for holder in holders:
+            holder.execute("SELECT 1")  # BEGIN ...: the transaction keeps its server connection
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as failed:
+            reg.claim("t", owner="a")
+        assert failed.value.committed is False and time.monotonic() - started < 2.5
+    finally:
+        for holder in holders:
+            holder.close()
+    assert reg.claim("t", owner="a").fence == 2
+    reg.close()
 
 
 def test_no_setting_leaks_into_other_sessions(bouncer: PgBouncer, postgres_url: str) -> None:

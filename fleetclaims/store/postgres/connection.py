@@ -5,7 +5,8 @@ pooling mode, so nothing is session state: the settings a transaction needs (syn
 commit, lock and statement timeouts) are sent with each transaction as ``set_config(...,
 true)`` (SET LOCAL), TCP keepalives and the connect timeout are options of the client's
 socket, and no statement is prepared by name (PgBouncer before 1.21 cannot route named
-prepared statements; measured, preparing saved nothing visible next to the fsync of COMMIT).
+prepared statements, and they need one protocol message per statement, where ``Batch`` sends
+a transaction's statements in two messages).
 
 Waits are bounded by one budget, the ``lock_timeout`` the file store uses for its lock
 (``FLEETCLAIMS_LOCK_TIMEOUT``): the server enforces it as lock_timeout (a writer holding the

@@ -7,12 +7,11 @@ One operation is one transaction of two round trips, the core deciding in betwee
 decision path; nothing of the rules in SQL): (1) BEGIN, this transaction's limits (SET LOCAL),
 the head row locked (it serialises writers) with the server's clock, and the rows the decision
 is expected to read; (2) the sealed audit rows, the changed claim and task rows, the head,
-COMMIT. Measured and not taken (README, bench/pg_bench.py): psycopg's pipeline mode (more
-client CPU than the round trips it saves on a local server), named prepared statements (unsafe
-behind PgBouncer < 1.21; the bare peer without them is within the noise of the peer with them),
-server-side functions holding both round trips' statements (cached plans; no end-to-end gain
-measurable), an advisory lock instead of the head row (the head row is updated anyway), sealing
-server-side (a second copy of the chain in SQL, and the head must be read before deciding).
+COMMIT. Measured and not taken (README): psycopg's pipeline mode (more client CPU than the
+round trips it saves on a local server), named prepared statements (unsafe behind PgBouncer <
+1.21 and one message per statement), server-side functions running both round trips' statements
+with cached plans (2x the server time), an advisory lock instead of the head row (the head row
+is updated anyway); not built: sealing server-side (a second chain in SQL, no trip saved).
 
 No ambiguous outcome reaches the caller. Nothing can commit before round trip 2 is sent, so a
 connection lost before then is retried while the ``lock_timeout`` budget lasts, then reported

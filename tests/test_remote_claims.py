@@ -11,8 +11,10 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from fc_support import token_of
 from gitremote import git, git_daemon, registry_dir, remote_with_clones
 
 from fleetclaims import Registry
@@ -24,7 +26,7 @@ from fleetclaims.testing import FakeClock
 pytestmark = pytest.mark.integration
 
 
-def _lease_log(bare: Path, task: str) -> list[dict[str, object]]:
+def _lease_log(bare: Path, task: str) -> list[dict[str, Any]]:
     """The task's lease documents on the remote, oldest first (first-parent history)."""
     ref = lease_ref(task)
     shas = git("rev-list", "--first-parent", "--reverse", ref, cwd=bare).split()
@@ -53,12 +55,12 @@ def test_fences_only_grow_across_machines_and_the_journal_records_each_step(
     for i in range(5):  # a's own fence counter runs ahead
         ra.claim(f"warm-{i}", owner="alice")
     c = ra.claim("t", owner="alice", ttl=600, remote="origin")
-    c = ra.renew("t", token=c.token, remote="origin")
+    c = ra.renew("t", token=token_of(c), remote="origin")
     assert ra.release("t", token=c.token, remote="origin")
     d = rb.claim("t", owner="bob", ttl=600, remote="origin")
     assert d.fence > c.fence == 6
-    e = rb.handoff("t", token=d.token, to_owner="carol", remote="origin")
-    rb.complete("t", token=e.token, remote="origin")
+    e = rb.handoff("t", token=token_of(d), to_owner="carol", remote="origin")
+    rb.complete("t", token=token_of(e), remote="origin")
     log = _lease_log(bare, "t")
     assert [(x["state"], x["owner"], x["fence"]) for x in log] == [
         ("held", "alice", 6), ("held", "alice", 6), ("released", "alice", 6),
@@ -84,7 +86,7 @@ def test_an_expired_remote_lease_may_be_taken_over(tmp_path: Path) -> None:
     new = rb.claim("t", owner="bob", ttl=600, remote="origin")
     assert new.fence > old.fence
     with pytest.raises(NotHolder, match="bob"):
-        ra.renew("t", token=old.token, remote="origin")
+        ra.renew("t", token=token_of(old), remote="origin")
 
 
 def test_offline_remote_claim_changes_nothing(tmp_path: Path) -> None:

@@ -115,9 +115,10 @@ class Batch:
 class Watchdog:
     """Cuts a connection off when the call running on it outlives its deadline.
 
-    One daemon thread per store (per process: it is restarted after a fork). ``arm`` and
-    ``disarm`` take a lock and rarely wake the thread: it sleeps to the armed deadline (or at
-    most ``TICK``) and re-reads it, so the hot path costs two uncontended lock round trips.
+    One daemon thread per store, started by the first ``arm`` (and again after ``stop`` or in
+    a forked child). ``arm`` and ``disarm`` take a lock and rarely wake the thread: it sleeps
+    to the armed deadline (at most ``TICK``) and re-reads it, so the hot path costs two
+    uncontended lock round trips.
     """
 
     TICK = 0.25
@@ -127,15 +128,17 @@ class Watchdog:
         self._conn: psycopg.Connection[Any] | None = None
         self._deadline = 0.0
         self._idle = True  # the thread waits without a timeout: arm must wake it
-        self._pid = -1
+        self._owner: tuple[int, int] | None = None  # (pid, generation) of the running thread
+        self._generation = 0
         self.fired = False
 
     def arm(self, conn: psycopg.Connection[Any], deadline: float) -> None:
         with self._cond:
-            if self._pid != os.getpid():
-                self._pid = os.getpid()
-                threading.Thread(target=self._run, name="fleetclaims-pg-watchdog",
-                                 daemon=True).start()
+            if self._owner is None or self._owner[0] != os.getpid():
+                self._generation += 1
+                self._owner = (os.getpid(), self._generation)
+                threading.Thread(target=self._run, args=(self._owner,), daemon=True,
+                                 name="fleetclaims-pg-watchdog").start()
             self._conn = conn
             self._deadline = deadline
             self.fired = False
@@ -146,10 +149,16 @@ class Watchdog:
         with self._cond:
             self._conn = None
 
-    def _run(self) -> None:
-        pid = os.getpid()
+    def stop(self) -> None:
+        """End the thread."""
         with self._cond:
-            while self._pid == pid:
+            self._conn = None
+            self._owner = None
+            self._cond.notify_all()
+
+    def _run(self, owner: tuple[int, int]) -> None:
+        with self._cond:
+            while self._owner == owner:
                 conn = self._conn
                 if conn is None:
                     self._idle = True

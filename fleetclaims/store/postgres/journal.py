@@ -10,6 +10,7 @@ import orjson
 import psycopg
 
 from ...core.chain import ChainError
+from ...core.errors import RegistryCorrupt
 from ...core.model import GENESIS
 from ...core.ports import ClaimView
 from ...core.state import State
@@ -30,6 +31,14 @@ def audit_row(event: dict[str, Any], digest: str, line: str) -> tuple[Any, ...]:
         text("actor"), fence if isinstance(fence, int) and not isinstance(fence, bool) else None,
         digest, line,
     )
+
+
+def claim_object(where: str, task: str, data: str) -> dict[str, Any]:
+    """A claim row's JSON, which must be an object."""
+    loaded = orjson.loads(data)
+    if not isinstance(loaded, dict):
+        raise RegistryCorrupt(where, f"claim row {task!r} is not an object")
+    return loaded
 
 
 def claim_row(table: ClaimView, task: str) -> tuple[Any, ...]:

@@ -51,7 +51,7 @@ from ..base import SCHEMA_MIGRATIONS, SERVER_CLOCK, SHARED, Capabilities, Decide
 from ..file.faults import crash_point
 from . import connection as pgc
 from .foresight import foresee
-from .journal import audit_row, claim_row, copy_lines, task_rows, verify_chain
+from .journal import audit_row, claim_object, claim_row, copy_lines, task_rows, verify_chain
 from .schema import (
     DEFAULT_SCHEMA,
     SCHEMA_VERSION,
@@ -140,9 +140,11 @@ class PostgresStore:
         pid = os.getpid()
         if self._pid != pid:
             # A forked child must not touch the parent's session: forget it (psycopg does not
-            # close a connection inherited across fork).
+            # close a connection inherited across fork), and the watchdog (its lock may have
+            # been held by the parent's thread at the fork).
             self._conn = None
             self._pid = pid
+            self._watchdog = pgc.Watchdog()
         conn = self._conn
         if conn is not None and not conn.closed and not conn.broken:
             return conn
@@ -164,13 +166,16 @@ class PostgresStore:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
         self._conn = conn
-        if not self._schema_ok:
+        if not self._schema_ok:  # (checked again on every new connection until it passes)
             self._watchdog.arm(conn, max(deadline, time.monotonic() + 1.0) + pgc.GRACE_S)
             try:
                 self._ensure_schema(conn)
             except psycopg.Error as exc:
                 self._drop_connection()
                 raise self._typed(exc) from None
+            except BaseException:
+                self._drop_connection()
+                raise
             finally:
                 self._watchdog.disarm()
         return conn
@@ -192,6 +197,7 @@ class PostgresStore:
     def close(self) -> None:
         with self._mutex:
             self._drop_connection()
+            self._watchdog.stop()
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         with contextlib.suppress(Exception):
@@ -325,7 +331,7 @@ class PostgresStore:
             if rows:
                 data = rows[0][0]
                 hit = self._cache.get(task) if data is None else None
-                found[task] = hit or self._claim_from(task, _object(self.location, task, data))
+                found[task] = hit or self._claim_from(task, claim_object(self.location, task, data))
                 self._cache_put(task, found[task])
         table.preload(claims, found)
         task_data = {name: orjson.loads(rows[0][0]) for name, rows in
@@ -476,7 +482,7 @@ class PostgresStore:
         data = rows[0][0]
         if data is None and cached is not None:
             return cached
-        claim = self._claim_from(task, _object(self.location, task, data))
+        claim = self._claim_from(task, claim_object(self.location, task, data))
         self._cache_put(task, claim)
         return claim
 
@@ -586,13 +592,6 @@ class PostgresStore:
             finally:
                 self._in_txn = False
             return state.seq
-
-
-def _object(where: str, task: str, data: str) -> dict[str, Any]:
-    loaded = orjson.loads(data)
-    if not isinstance(loaded, dict):
-        raise RegistryCorrupt(where, f"claim row {task!r} is not an object")
-    return loaded
 
 
 __all__ = ["DEFAULT_SCHEMA", "SCHEMA_VERSION", "PgClaimView", "PgTaskView", "PostgresStore",

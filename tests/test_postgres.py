@@ -189,6 +189,22 @@ def test_durability_maps_to_synchronous_commit(pg: str) -> None:
         reg.close()
 
 
+def test_closed_handles_leave_no_watchdog_threads(pg: str) -> None:
+    """Each handle's watchdog thread (which bounds waits) ends when the handle is closed."""
+    import threading
+
+    Registry(pg).close()
+    before = threading.active_count()
+    for i in range(10):
+        reg = Registry(pg)
+        reg.claim(f"t{i}", owner="a")
+        reg.close()
+    deadline = time.monotonic() + 2
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == before
+
+
 def test_lock_timeout_gives_registry_busy(pg: str) -> None:
     """A writer stuck holding the journal head makes others wait lock_timeout, then Busy."""
     reg = Registry(pg, lock_timeout=1)

@@ -70,9 +70,11 @@ def check(events: list[dict[str, Any]]) -> OracleReport:
 
 
 def operations(events: list[dict[str, Any]]) -> list[tuple[str, str, str, int]]:
-    """(type, task, owner, fence) of every event that stands for a client operation."""
+    """(type, task, owner, fence) of every event that stands for a client operation (a
+    coalesced refusal line stands for ``count`` refusals)."""
     return sorted(
         (e["type"], e["task"], e["owner"], e["fence"])
         for e in events
         if e["type"] in OPERATIONS and not e.get("imported")
+        for _ in range(e.get("count", 1))
     )

@@ -125,6 +125,8 @@ def test_audit_verify_detects_tampering(tmp_path: Path, capsys: pytest.CaptureFi
     code, out, _ = run_cli(["audit", "verify", "--dir", str(d), "--json"], capsys)
     assert code == 5 and json.loads(out)["seq"] == 6
     # a truncated file (cut mid-line): the verified prefix is fine, the torn tail is reported
+    # (without the claims.json written at rest, which would be ahead of the cut: real damage)
+    (d / "claims.json").unlink()
     journal.write_bytes(clean[: len(clean) - 30])
     code, out, _ = run_cli(["audit", "verify", "--dir", str(d), "--json"], capsys)
     doc = json.loads(out)

@@ -65,11 +65,13 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
         if i:
             reg.renew(f"task-{i}", token=tokens[i])
     file_store(reg).checkpoint()
+    behind = (root / "claims.json").read_bytes()  # a snapshot behind the head, as a crash leaves
     reg.release("task-1", token=tokens[1])
     reg.complete("task-2", token=tokens[2], result={"ok": True})
     reg.claim("task-1", owner="agent-9", ttl=3600)
     reg.renew("task-3", token=tokens[3])
     reg.close()
+    (root / "claims.json").write_bytes(behind)
     # The corpus damages a journal without preallocated space, so that "after the end" means
     # after the last line; the preallocated form has cases of its own below.
     strip_preallocation(root / "audit.jsonl")

@@ -162,6 +162,7 @@ def test_deleted_journal_is_damage_not_an_empty_registry(tmp_path: Path) -> None
     d = tmp_path / "r"
     Registry(d).claim("t1", owner="a")
     os.unlink(d / "audit.jsonl")
+    os.unlink(d / "claims.json")  # (written at rest since #15; this case has none)
     with pytest.raises(RegistryCorrupt, match="journal is missing"):
         Registry(d).claims()
     with pytest.raises(RegistryCorrupt):
@@ -184,6 +185,7 @@ def test_doctor_never_reissues_a_fence_and_names_lost_claims(tmp_path: Path) -> 
     for i in range(1, 7):
         reg.claim(f"d{i}", owner="o")
     reg.close()
+    os.unlink(d / "claims.json")  # (written at rest since #15: it would restore d4-d6)
     path = d / "audit.jsonl"
     raw = bytearray(path.read_bytes())
     lines = bytes(raw).split(b"\n")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from ...core.rules import Decision
 from ...core.state import State
 from ...system import Clock, current_pid, unsafe_filesystem
 from ..base import LOCAL_DIRECTORY, Capabilities, Decide, VerifyReport
-from . import fsutil
+from . import fsutil, rest
 from .faults import crash_point, osc
 from .journal import (
     apply_checked,
@@ -101,6 +102,15 @@ class FileStore:
         self._rebuild_owed = False
         self._swept_temps = False
         self.last_checkpoint_error: OSError | None = None
+        # At rest (rest.py): when this handle last wrote (monotonic), whether it holds a share
+        # of preallocated padding, its idle keeper, and the refusals it counts.
+        self._last_write = -1e9
+        self._padded = False
+        self._trim_checked = False
+        self._keeper: rest.IdleKeeper | None = None
+        self._refusals = rest.Refusals()
+        self._snap_mono = 0.0
+        self._dirty = False
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -139,6 +149,10 @@ class FileStore:
         self._state = None
         self._offset = 0
         self._padding_checked = False
+        self._padded = self._trim_checked = False
+        if self._keeper is not None:
+            self._keeper.stop()
+            self._keeper = None
 
     def now(self) -> Now:
         return self.clock.now()
@@ -146,6 +160,9 @@ class FileStore:
     def close(self) -> None:
         with self._mutex:
             if self._pid == os.getpid():
+                with contextlib.suppress(Exception):
+                    # (a large checkpoint finishes in a forked child, within IDLE: see rest.py)
+                    self.settle(wait=True, defer=True)
                 self._reset_handles()
             self._pid = -1
 
@@ -193,6 +210,10 @@ class FileStore:
             seen = self._offset
             state = self._catch_up(writer=True)
             self._others_wrote = self._offset != seen
+            if not self._trim_checked:  # the next opener removes what a crashed writer left
+                self._trim_checked = True
+                if self._alloc > self._offset and rest.trim_padding(self._fd, self._offset):
+                    self._alloc = self._offset
             if state.seq == 0:  # an empty journal (a crash right after creating it)
                 self._append([{"type": ev.REGISTRY_CREATED, "origin": os.urandom(8).hex(),
                                "actor": "fleetclaims"}], self.clock.now().wall)
@@ -200,20 +221,27 @@ class FileStore:
             decision = decide(state, now)
             start = end = self._offset
             seq_before = state.seq
-            if decision.events:
+            events = decision.events
+            # A refusal is no state change: never fsynced, and a repeat is only counted.
+            quiet = all(e["type"] == ev.CLAIM_REJECTED for e in events)
+            if events and not (quiet and self._refusals.absorb(events, now.wall)):
+                owed = self._refusals
+                if (not quiet and owed.pending()) or owed.due(now.wall):
+                    events = (*owed.take(), *events)
                 # Group commit: write under the lock, fdatasync after releasing it, so the
                 # flushes of concurrent writers overlap and share one ext4 journal commit.
-                self._append(list(decision.events), now.wall, sync=False)
+                self._append(list(events), now.wall, sync=False)
                 end = self._offset
         finally:
             lock.release()
         if end > start:
             crash_point("journal.before_sync")
-            if self.sync:
+            if self.sync and not quiet:
                 self._sync_appended(start, end, seq_before)
             crash_point("journal.after_sync")
             if self._checkpoint_due():
                 self._checkpoint(unlocked=True)
+            self._wrote()
         assert self._state is not None
         return decision, self._state
 
@@ -429,7 +457,14 @@ class FileStore:
         data, sealed = seal_events(events, state.seq, state.head, ts)
         start = self._offset
         try:
-            self._alloc = preallocate(self._fd, self._alloc, start + len(data), sync=self.sync)
+            if time.monotonic() - self._last_write < rest.IDLE:
+                # Busy: keep zero-filled space ahead (a one-shot write just extends the file).
+                if not self._padded:
+                    self._padded = True
+                    rest.share_padding(self._fd)
+                self._alloc = preallocate(self._fd, self._alloc, start + len(data),
+                                          sync=self.sync)
+            self._last_write = time.monotonic()
             write_at(self._fd, data, start)
             crash_point("journal.after_write")
             if self.sync and sync:
@@ -495,7 +530,75 @@ class FileStore:
 
     def _checkpoint_due(self) -> bool:
         tail = self._offset - self._snap_offset
-        return tail > max(CHECKPOINT_MIN_TAIL, self._snap_size // CHECKPOINT_DIVISOR)
+        if tail > max(CHECKPOINT_MIN_TAIL, self._snap_size // CHECKPOINT_DIVISOR):
+            return True
+        # While busy, claims.json lags the head by at most ~IDLE seconds: once a second, unless
+        # another writer checkpointed within that second.
+        now = time.monotonic()
+        if not self._snap_mono:  # (a one-shot write leaves this to settle)
+            self._snap_mono = now
+        if tail <= 0 or now - self._snap_mono < rest.IDLE:
+            return False
+        self._snap_mono = now
+        try:
+            return time.time() - os.stat(self.snapshot_path).st_mtime >= rest.IDLE
+        except OSError:
+            return True
+
+    def _wrote(self) -> None:
+        """After a write: the idle keeper settles this handle once it has been quiet."""
+        self._dirty = True
+        keeper = self._keeper
+        if keeper is not None and keeper.pid == self._pid:
+            keeper.touch()
+            return
+        self._keeper = rest.IdleKeeper(self)
+        rest.settle_at_exit(self)
+
+    def _late_checkpoint(self) -> None:
+        """In a settle child: catch up with what others wrote meanwhile, then checkpoint."""
+        with self._lock.held():
+            self._catch_up(writer=False)
+        self._checkpoint(unlocked=True)
+
+    def settle(self, *, wait: bool, defer: bool = False) -> None:
+        """Leave the files at rest: the counted refusals recorded, the padding trimmed (unless
+        another live writer uses it), claims.json at the journal head. Best effort."""
+        if not self._mutex.acquire(blocking=wait):
+            return
+        try:
+            if (self._poisoned is not None or self._pid != os.getpid() or self._fd < 0
+                    or self._state is None or not self._dirty):
+                return  # (a handle that only read leaves the files as they are)
+            if time.monotonic() - self._last_write < rest.IDLE and not wait:
+                return  # written meanwhile: the keeper tries again later
+            with self._lock.held():
+                self._catch_up(writer=True)
+                owed = self._refusals.take()
+                self._refusals.forget()
+                if owed:
+                    self._append(owed, self.clock.now().wall, sync=False)
+                if self._padded or self._alloc > self._offset:
+                    if rest.trim_padding(self._fd, self._offset):
+                        self._alloc = self._offset
+                    self._padded = False
+            self._last_write = -1e9  # the next write starts unpadded (one-shot)
+            self._dirty = False
+            if self._offset > self._snap_offset:
+                if defer and self._keeper is not None:
+                    self._keeper.stop(join=True)  # (a settle child is forked only alone)
+                    self._keeper = None
+                if not (defer and self._snap_size >= rest.DEFER_MIN and rest.fork_settler(
+                        self._lock.fd, str(self.journal_path), (self._fd, self._lock.fd),
+                        self._late_checkpoint)):
+                    self._checkpoint(unlocked=True)
+        except (OSError, FleetclaimsError) as exc:
+            import logging
+
+            logging.getLogger("fleetclaims").warning(
+                "fleetclaims: leaving %s at rest failed: %s", self.location, exc)
+        finally:
+            self._mutex.release()
 
     def _checkpoint(self, *, unlocked: bool = False) -> None:
         """Write the snapshot by temp file + fsync + rename + directory fsync. Best effort: the

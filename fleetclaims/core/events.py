@@ -41,7 +41,6 @@ from .model import (
     _opt_str,
     _str,
 )
-from .paths import PathIndex
 from .ports import ClaimView, TaskView
 from .state import State
 
@@ -90,20 +89,10 @@ def _declare(name: str, fields: tuple[str, ...], narration: str,
     return name
 
 
-# fence_floor/previous_origin: `init --new-history` after a lost history starts above the
-# old history's fences (kept in the anchor, see store/file/anchor.py).
 REGISTRY_CREATED: Final = _declare(
-    "registry_created", ("origin", "actor"), "registry {origin} was created",
-    ("fence_floor", "previous_origin", "reason"))
-# A break in the chain kept by doctor --fix: the lines in [from_seq, to_seq] (bytes
-# [offset, end)) were damaged; the chain goes on from here with the lines that verified.
-JOURNAL_BREAK: Final = _declare(
-    "journal_break", ("actor", "reason"),
-    "the journal was repaired: {reason}",
-    ("from_seq", "to_seq", "offset", "end", "quarantined", "lost", "fence_floor",
-     "resealed", "kept"))
+    "registry_created", ("origin", "actor"), "registry {origin} was created")
 CLAIM_CREATED: Final = _declare(
-    "claim_created", _GRANT, "{owner} claimed {task} (fence {fence})", ("reason", "fence_floor"))
+    "claim_created", _GRANT, "{owner} claimed {task} (fence {fence})", ("reason",))
 CLAIM_REJECTED: Final = _declare(
     "claim_rejected", ("task", "actor", "owner", "reason"),
     "{owner} was refused {task}: {reason}",
@@ -125,19 +114,16 @@ LEASE_EXPIRED: Final = _declare(
     "{owner}'s claim on {task} (fence {fence}) was marked stale: {reason}")
 CLAIM_RECOVERED: Final = _declare(
     "claim_recovered", (*_GRANT, "prev_owner", "prev_fence", "reason", "via"),
-    "{owner} took {task} over from {prev_owner} (fence {prev_fence} -> {fence}): {reason}",
-    ("fence_floor",))
+    "{owner} took {task} over from {prev_owner} (fence {prev_fence} -> {fence}): {reason}")
 CLAIM_PREEMPTED: Final = _declare(
     "claim_preempted", (*_GRANT, "prev_owner", "prev_fence", "rule"),
-    "{owner} preempted {prev_owner} on {task} (fence {prev_fence} -> {fence}); rule: {rule}",
-    ("fence_floor",))
+    "{owner} preempted {prev_owner} on {task} (fence {prev_fence} -> {fence}); rule: {rule}")
 PHASE_CHANGED: Final = _declare(
     "phase_changed", (*_HOLDER, "from_phase", "phase", *_DEADLINE),
     "{owner} moved {task} from {from_phase} to {phase}", ("park",))
 CLAIM_HANDED_OFF: Final = _declare(
     "claim_handed_off", (*_GRANT, "prev_owner", "prev_fence"),
-    "{prev_owner} handed {task} off to {owner} (fence {prev_fence} -> {fence})",
-    ("park", "fence_floor"))
+    "{prev_owner} handed {task} off to {owner} (fence {prev_fence} -> {fence})", ("park",))
 CLAIM_SUPERSEDED: Final = _declare(
     "claim_superseded",
     (*_HOLDER, "winner", "loser", "loser_fence", "loser_token_hash", "rule"),
@@ -173,19 +159,6 @@ REMOTE_LEASE: Final = _declare(
     "remote_lease", ("task", "actor", "owner", "fence", "remote", "action", "commit"),
     "{owner}'s lease on {task} (fence {fence}) on git remote {remote}: {action}",
     ("expires_at", "reason"))
-# Path reservations (core/paths.py): a grant carries ``paths``/``shared_paths`` only when it
-# has some (none before #23); a recovery or handoff without them carries the previous claim's.
-# paths_reserved/paths_released change a held claim's (Registry.reserve / unreserve):
-# ``paths`` and ``shared_paths`` are its whole reservations afterwards, ``changed`` the change.
-_PATHS = ("paths", "shared_paths")
-for _grant in (CLAIM_CREATED, CLAIM_RECOVERED, CLAIM_PREEMPTED, CLAIM_HANDED_OFF):
-    _SCHEMA[_grant] = replace(_SCHEMA[_grant], optional=(*_SCHEMA[_grant].optional, *_PATHS))
-PATHS_RESERVED: Final = _declare(
-    "paths_reserved", (*_HOLDER, *_PATHS, "changed"),
-    "{owner} reserved {changed} for {task} (fence {fence})")
-PATHS_RELEASED: Final = _declare(
-    "paths_released", (*_HOLDER, *_PATHS, "changed"),
-    "{owner} released the reservation of {changed} for {task} (fence {fence})")
 
 SCHEMA: Final[Mapping[str, EventType]] = MappingProxyType(_SCHEMA)
 ALL_TYPES: Final = frozenset(SCHEMA)
@@ -196,13 +169,12 @@ ENDS: Final = frozenset({CLAIM_RELEASED, CLAIM_RELEASED_FORCED, CLAIM_COMPLETED}
 LOSSES: Final = frozenset({LEASE_EXPIRED, CLAIM_RECOVERED, CLAIM_PREEMPTED, CLAIM_SUPERSEDED,
                            CLAIM_RELEASED_FORCED})
 # Events about the registry itself rather than one task.
-REGISTRY_EVENTS: Final = frozenset({REGISTRY_REBUILT, JOURNAL_TAIL_REPAIRED, REGISTRIES_MERGED,
-                                    JOURNAL_BREAK})
+REGISTRY_EVENTS: Final = frozenset({REGISTRY_REBUILT, JOURNAL_TAIL_REPAIRED, REGISTRIES_MERGED})
 TASK_EVENTS: Final = frozenset({TASK_ADDED, TASK_UPDATED, TASK_BLOCKED, TASK_UNBLOCKED,
                                 BECAME_READY})
 # Journal bookkeeping that changes no claim.
 _NO_CLAIM_CHANGE = frozenset({CLAIM_REJECTED, JOURNAL_TAIL_REPAIRED, REGISTRY_CREATED,
-                              REMOTE_LEASE, JOURNAL_BREAK})
+                              REMOTE_LEASE})
 # Events that change one claim (handled by _apply_claim_event).
 _CLAIM_CHANGES = ALL_TYPES - _NO_CLAIM_CHANGE - TASK_EVENTS - {
     REGISTRIES_MERGED, REGISTRY_REBUILT}
@@ -247,8 +219,6 @@ def apply(state: State, event: dict[str, Any]) -> State:
         head = _str(head)
     if kind in _CLAIM_CHANGES and not event.get("imported"):  # the common case, first
         _apply_claim_event(state, kind, event, seq)
-        if state.reservations is not None:  # built once a claim reserved paths
-            _reindex(state.reservations, event["task"], state.claims)
         tasks = state.tasks
         if tasks.indexed:
             tasks.changed(event["task"], state.claims)
@@ -256,9 +226,6 @@ def apply(state: State, event: dict[str, Any]) -> State:
         pass  # history copied from another registry: its effect arrives in registries_merged
     elif kind == REGISTRY_CREATED:
         state.origin = _str(event["origin"])
-        state.fence = max(state.fence, _int(event.get("fence_floor", 0)))
-    elif kind == JOURNAL_BREAK:
-        state.fence = max(state.fence, _int(event.get("fence_floor", 0)))
     elif kind in (REGISTRIES_MERGED, REGISTRY_REBUILT):
         # Both may carry whole claim records: a merge's outcome, or claims that doctor --fix
         # salvaged from a snapshot that was ahead of a damaged journal.
@@ -276,14 +243,6 @@ def apply(state: State, event: dict[str, Any]) -> State:
     return state
 
 
-def _floored(high: int, fence: Any, event: dict[str, Any]) -> bool:
-    """A grant above the high-water that records why: ``fence_floor`` (e.g. the fence a git
-    remote's lease carried), at or above the high-water, with the fence one above it."""
-    floor = event.get("fence_floor")
-    return (type(floor) is int and type(fence) is int and floor >= high
-            and fence == floor + 1)
-
-
 def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int) -> None:
     task = event["task"]
     if type(task) is not str:
@@ -297,14 +256,10 @@ def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int)
     claims = state.claims
     current = claims.get(task)
     if kind in GRANTS:
+        claims[task] = _granted(kind, event, task, current, ts, seq, eid, state.identities)
         fence = event["fence"]
-        if fence != state.fence + 1 and not _floored(state.fence, fence, event):
-            # Fences never go back: a grant is the high-water + 1 (or a recorded floor + 1).
-            # Anything else (a reused fence, a forged line) is damage, not history.
-            raise ValueError(f"grant of fence {fence!r} after high-water {state.fence}")
-        claims[task] = granted = _granted(kind, event, task, current, ts, seq, eid,
-                                          state.identities)
-        state.fence = granted.fence
+        if fence > state.fence:  # (an int: _granted checked it)
+            state.fence = fence
         return
     if current is None:
         raise ValueError(f"{kind} for task {task!r} that has no claim")
@@ -334,22 +289,9 @@ def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int)
         if not any(r.token_hash == loser.token_hash for r in retired):
             retired = (*retired, loser)[-RETIRED_KEPT:]
         new = _superseded(current, retired, seq, eid)
-    elif kind in (PATHS_RESERVED, PATHS_RELEASED):
-        new = replace(current, paths=_names(event["paths"]),
-                      shared_paths=_names(event["shared_paths"]), seq=seq, eid=eid)
     else:  # pragma: no cover - every type is handled above
         raise ValueError(f"unhandled event type {kind!r}")
     claims[task] = new
-
-
-def _reindex(index: PathIndex, task: str, claims: ClaimView) -> None:
-    """Keep a built reservation index in step (a claim that reserves nothing costs a lookup)."""
-    claim = claims.get(task)
-    if claim is not None and (claim.paths or claim.shared_paths or index.holds(task)):
-        if claim.live:
-            index.put(task, claim.paths, claim.shared_paths)
-        else:
-            index.drop(task)  # reservations lapse with the claim
 
 
 # Straight-line construction: these run for every line a process applies, its own and those
@@ -406,18 +348,10 @@ def _granted(
         raise TypeError("metadata must be an object")
     ident = get("identity")
     ttl, expires_at, boot_deadline, deadline_boot = _deadline(get)
-    paths = get("paths")
-    if paths is not None:
-        paths, shared = _names(paths), _names(get("shared_paths") or ())
-    elif current is not None and kind in (CLAIM_RECOVERED, CLAIM_HANDED_OFF):
-        paths, shared = current.paths, current.shared_paths  # carried to the new holder
-    else:
-        paths = shared = ()
     return _new_claim(
         task, owner, fence, ACTIVE, phase, token_hash, ts, ts, expires_at, ttl, boot_deadline,
         deadline_boot, priority, note, metadata, None,
-        None if ident is None else _identity(ident, memo), None, None, seq, eid, retired,
-        paths, shared, None,
+        None if ident is None else _identity(ident, memo), None, None, seq, eid, retired, None,
     )
 
 
@@ -463,7 +397,6 @@ def _apply_merge(state: State, event: dict[str, Any], seq: int) -> None:
     for data in event.get("claims") or []:
         claim = Claim.from_dict(_mapping(data))
         state.claims[claim.task] = claim.evolve(seq=seq)
-    state.reservations = None  # claims changed wholesale: rebuilt on next use
     for data in event.get("tasks") or []:
         record = Task.from_dict(_mapping(data))
         state.tasks.put(replace(record, seq=seq), state.claims)

@@ -195,6 +195,12 @@ def _events() -> list[dict[str, Any]]:
          "fence": 5, "reason": "wiped"},
         {"type": ev.CLAIM_CREATED, "task": "v", "fence": 6, **grant, "identity": None},
         {"type": ev.CLAIM_RELEASED, "task": "v", "actor": "a", "owner": "a", "fence": 6},
+        {"type": ev.CLAIM_CREATED, "task": "w", "fence": 7, **grant, "paths": ["src"],
+         "shared_paths": ["docs/*.md"]},
+        {"type": ev.PATHS_RESERVED, "task": "w", "actor": "a", "owner": "a", "fence": 7,
+         "paths": ["src", "lib"], "shared_paths": ["docs/*.md"], "changed": ["lib"]},
+        {"type": ev.PATHS_RELEASED, "task": "w", "actor": "a", "owner": "a", "fence": 7,
+         "paths": ["lib"], "shared_paths": [], "changed": ["src", "docs/*.md"]},
     ]
     out = []
     for seq, fields in enumerate(raw, 1):

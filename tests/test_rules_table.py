@@ -6,19 +6,20 @@ in the event schema with its fields."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 
 from fleetclaims.core import events as ev
-from fleetclaims.core import rules
+from fleetclaims.core import reserve, rules
 from fleetclaims.core.errors import (
     ClaimConflict,
     ClaimSuperseded,
     FleetclaimsError,
     LeaseExpired,
     NotHolder,
+    PathConflict,
     TaskCompleted,
     TaskNotReady,
 )
@@ -36,6 +37,7 @@ from fleetclaims.core.model import (
     Task,
     Verdict,
 )
+from fleetclaims.core.reserve import Reservation
 from fleetclaims.core.rules import Decision, Grant
 from fleetclaims.core.state import State
 
@@ -72,6 +74,14 @@ def grant(owner: str = "bob", token: str = "tb", ttl: float | None = 60.0,
           priority: int = 100) -> Grant:
     return Grant(owner=owner, token_hash=token, ttl=ttl, priority=priority, identity=IDENT)
 
+
+
+def paths_grant(paths: list[str], shared: tuple[str, ...] | list[str] = ()) -> Grant:
+    return replace(grant(), paths=Reservation.of(paths, list(shared)))
+
+
+# Task "p", held by alice with reservations (an exclusive directory, shared docs).
+PARSER = replace(held(), task="p", paths=("src/parser",), shared_paths=("docs/*.md",))
 
 EXPIRED_LEASE = held(expires_at=990.0)  # ran out 10 s before NOW
 RECOVERED_FROM_ALICE = held("carol", "tc", fence=6, retired=(
@@ -279,6 +289,47 @@ ROWS = [
         tasks=(Task("b", priority=2), Task("a", priority=1))),
         lambda s: rules.decide_claim_next(s, grant(), NOW, lambda c: LIVE),
         (ev.CLAIM_CREATED,), fields={"task": "a", "priority": 1}, result="a"),
+    # --- paths (#23): a grant's reservations against other live claims' ------------------
+    Row("claim with paths on free paths: granted, the event carries them",
+        lambda: state_of(PARSER),
+        lambda s: rules.decide_claim(s, "t", paths_grant(["lib"], ["tests/**"]), NOW,
+                                     UNKNOWN_VERDICT),
+        (ev.CLAIM_CREATED,), fields={"paths": ["lib"], "shared_paths": ["tests/**"]}),
+    Row("claim with paths overlapping an exclusive reservation: path conflict",
+        lambda: state_of(PARSER),
+        lambda s: rules.decide_claim(s, "t", paths_grant(["src/**"]), NOW, UNKNOWN_VERDICT),
+        (ev.CLAIM_REJECTED,), PathConflict, fields={"holder": "alice"},
+        error_attrs={"holder": "alice", "holder_task": "p", "mine": "src/**",
+                     "theirs": "src/parser"}),
+    Row("shared paths beside another shared reservation: granted",
+        lambda: state_of(PARSER),
+        lambda s: rules.decide_claim(s, "t", paths_grant([], ["docs/*.md"]), NOW,
+                                     UNKNOWN_VERDICT),
+        (ev.CLAIM_CREATED,), fields={"shared_paths": ["docs/*.md"]}),
+    Row("shared paths overlapping an exclusive reservation: path conflict",
+        lambda: state_of(PARSER),
+        lambda s: rules.decide_claim(s, "t", paths_grant([], ["src/parser/lexer.py"]), NOW,
+                                     UNKNOWN_VERDICT),
+        (ev.CLAIM_REJECTED,), PathConflict, error_attrs={"theirs": "src/parser"}),
+    Row("paths of a claim whose lease ran out lapse: granted",
+        lambda: state_of(replace(PARSER, expires_at=990.0)),
+        lambda s: rules.decide_claim(s, "t", paths_grant(["src"]), NOW, UNKNOWN_VERDICT),
+        (ev.CLAIM_CREATED,), fields={"paths": ["src"]}),
+    Row("reserve by the holder: paths_reserved with the whole set and the change",
+        lambda: state_of(PARSER),
+        lambda s: reserve.decide_reserve(s, "p", "ta", ["lib"], [], NOW),
+        (ev.PATHS_RESERVED,), fields={"paths": ["src/parser", "lib"],
+                                      "shared_paths": ["docs/*.md"], "changed": ["lib"]}),
+    Row("reserve overlapping another claim's reservation: path conflict",
+        lambda: state_of(PARSER, replace(held(), paths=("lib/x",))),
+        lambda s: reserve.decide_reserve(s, "p", "ta", ["lib"], [], NOW),
+        (ev.CLAIM_REJECTED,), PathConflict, error_attrs={"holder_task": "t"}),
+    Row("reserve by another token: not holder", lambda: state_of(PARSER),
+        lambda s: reserve.decide_reserve(s, "p", "tz", ["lib"], [], NOW), (), NotHolder),
+    Row("unreserve one pattern: paths_released", lambda: state_of(PARSER),
+        lambda s: reserve.decide_unreserve(s, "p", "ta", ["docs/*.md"], NOW),
+        (ev.PATHS_RELEASED,), fields={"paths": ["src/parser"], "shared_paths": [],
+                                      "changed": ["docs/*.md"]}),
 ]
 
 

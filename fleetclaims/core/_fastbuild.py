@@ -45,6 +45,8 @@ class _ClaimTwin:
         "seq",
         "eid",
         "retired",
+        "paths",
+        "shared_paths",
         "token",
     )
 
@@ -72,6 +74,8 @@ class _ClaimTwin:
         seq: int,
         eid: str,
         retired: tuple[Retired, ...],
+        paths: tuple[str, ...],
+        shared_paths: tuple[str, ...],
         token: str | None,
     ) -> None:
         self.task = task
@@ -96,6 +100,8 @@ class _ClaimTwin:
         self.seq = seq
         self.eid = eid
         self.retired = retired
+        self.paths = paths
+        self.shared_paths = shared_paths
         self.token = token
         self.__class__ = Claim  # type: ignore[assignment]
 
@@ -124,6 +130,8 @@ if TYPE_CHECKING:
         seq: int,
         eid: str,
         retired: tuple[Retired, ...],
+        paths: tuple[str, ...],
+        shared_paths: tuple[str, ...],
         token: str | None,
     ) -> Claim: ...
 else:
@@ -214,6 +222,8 @@ def renewed(
         seq,
         eid,
         src.retired,
+        src.paths,
+        src.shared_paths,
         src.token,
     )
 
@@ -253,6 +263,8 @@ def phase_changed(
         seq,
         eid,
         src.retired,
+        src.paths,
+        src.shared_paths,
         src.token,
     )
 
@@ -289,6 +301,8 @@ def ended(
         seq,
         eid,
         retired,
+        src.paths,
+        src.shared_paths,
         src.token,
     )
 
@@ -325,6 +339,8 @@ def completed(
         seq,
         eid,
         src.retired,
+        src.paths,
+        src.shared_paths,
         src.token,
     )
 
@@ -361,6 +377,8 @@ def expired(
         seq,
         eid,
         src.retired,
+        src.paths,
+        src.shared_paths,
         src.token,
     )
 
@@ -395,5 +413,7 @@ def superseded(
         seq,
         eid,
         retired,
+        src.paths,
+        src.shared_paths,
         src.token,
     )

@@ -94,6 +94,24 @@ class ClaimConflict(FleetclaimsError):
         )
 
 
+
+class PathConflict(ClaimConflict):
+    """The task is free, but the paths asked for overlap another live claim's reservation
+    (``holder`` holds ``holder_task`` and reserved ``theirs``, which ``mine`` overlaps)."""
+
+    def __init__(self, task: str, *, holder: str, fence: int, expires_at: float | None,
+                 reason: str, phase: str, holder_task: str, mine: str, theirs: str) -> None:
+        # ClaimConflict's fields, with a message about paths (the task itself is free).
+        self.task, self.holder, self.fence, self.expires_at = task, holder, fence, expires_at
+        self.reason, self.stale, self.phase = reason, False, phase
+        self.holder_task = holder_task
+        self.mine = mine
+        self.theirs = theirs
+        FleetclaimsError.__init__(
+            self, f"the paths asked for {task!r} conflict: {reason}.",
+            hint=f"Reserve other paths, wait for {holder} to finish {holder_task!r} or "
+            f"unreserve them, or ask {holder}; `fleetclaims explain {task}` shows the refusal.")
+
 class NotHolder(FleetclaimsError):
     """The token presented is not the live holder's token for the task."""
 

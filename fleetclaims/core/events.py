@@ -41,6 +41,7 @@ from .model import (
     _opt_str,
     _str,
 )
+from .paths import PathIndex
 from .ports import ClaimView, TaskView
 from .state import State
 
@@ -159,6 +160,19 @@ REMOTE_LEASE: Final = _declare(
     "remote_lease", ("task", "actor", "owner", "fence", "remote", "action", "commit"),
     "{owner}'s lease on {task} (fence {fence}) on git remote {remote}: {action}",
     ("expires_at", "reason"))
+# Path reservations (core/paths.py): a grant carries ``paths``/``shared_paths`` only when it
+# has some (none before #23); a recovery or handoff without them carries the previous claim's.
+# paths_reserved/paths_released change a held claim's (Registry.reserve / unreserve):
+# ``paths`` and ``shared_paths`` are its whole reservations afterwards, ``changed`` the change.
+_PATHS = ("paths", "shared_paths")
+for _grant in (CLAIM_CREATED, CLAIM_RECOVERED, CLAIM_PREEMPTED, CLAIM_HANDED_OFF):
+    _SCHEMA[_grant] = replace(_SCHEMA[_grant], optional=(*_SCHEMA[_grant].optional, *_PATHS))
+PATHS_RESERVED: Final = _declare(
+    "paths_reserved", (*_HOLDER, *_PATHS, "changed"),
+    "{owner} reserved {changed} for {task} (fence {fence})")
+PATHS_RELEASED: Final = _declare(
+    "paths_released", (*_HOLDER, *_PATHS, "changed"),
+    "{owner} released the reservation of {changed} for {task} (fence {fence})")
 
 SCHEMA: Final[Mapping[str, EventType]] = MappingProxyType(_SCHEMA)
 ALL_TYPES: Final = frozenset(SCHEMA)
@@ -219,6 +233,8 @@ def apply(state: State, event: dict[str, Any]) -> State:
         head = _str(head)
     if kind in _CLAIM_CHANGES and not event.get("imported"):  # the common case, first
         _apply_claim_event(state, kind, event, seq)
+        if state.reservations is not None:  # built once a claim reserved paths
+            _reindex(state.reservations, event["task"], state.claims)
         tasks = state.tasks
         if tasks.indexed:
             tasks.changed(event["task"], state.claims)
@@ -289,9 +305,22 @@ def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int)
         if not any(r.token_hash == loser.token_hash for r in retired):
             retired = (*retired, loser)[-RETIRED_KEPT:]
         new = _superseded(current, retired, seq, eid)
+    elif kind in (PATHS_RESERVED, PATHS_RELEASED):
+        new = replace(current, paths=_names(event["paths"]),
+                      shared_paths=_names(event["shared_paths"]), seq=seq, eid=eid)
     else:  # pragma: no cover - every type is handled above
         raise ValueError(f"unhandled event type {kind!r}")
     claims[task] = new
+
+
+def _reindex(index: PathIndex, task: str, claims: ClaimView) -> None:
+    """Keep a built reservation index in step (a claim that reserves nothing costs a lookup)."""
+    claim = claims.get(task)
+    if claim is not None and (claim.paths or claim.shared_paths or index.holds(task)):
+        if claim.live:
+            index.put(task, claim.paths, claim.shared_paths)
+        else:
+            index.drop(task)  # reservations lapse with the claim
 
 
 # Straight-line construction: these run for every line a process applies, its own and those
@@ -348,10 +377,18 @@ def _granted(
         raise TypeError("metadata must be an object")
     ident = get("identity")
     ttl, expires_at, boot_deadline, deadline_boot = _deadline(get)
+    paths = get("paths")
+    if paths is not None:
+        paths, shared = _names(paths), _names(get("shared_paths") or ())
+    elif current is not None and kind in (CLAIM_RECOVERED, CLAIM_HANDED_OFF):
+        paths, shared = current.paths, current.shared_paths  # carried to the new holder
+    else:
+        paths = shared = ()
     return _new_claim(
         task, owner, fence, ACTIVE, phase, token_hash, ts, ts, expires_at, ttl, boot_deadline,
         deadline_boot, priority, note, metadata, None,
-        None if ident is None else _identity(ident, memo), None, None, seq, eid, retired, None,
+        None if ident is None else _identity(ident, memo), None, None, seq, eid, retired,
+        paths, shared, None,
     )
 
 
@@ -397,6 +434,7 @@ def _apply_merge(state: State, event: dict[str, Any], seq: int) -> None:
     for data in event.get("claims") or []:
         claim = Claim.from_dict(_mapping(data))
         state.claims[claim.task] = claim.evolve(seq=seq)
+    state.reservations = None  # claims changed wholesale: rebuilt on next use
     for data in event.get("tasks") or []:
         record = Task.from_dict(_mapping(data))
         state.tasks.put(replace(record, seq=seq), state.claims)

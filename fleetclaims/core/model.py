@@ -156,6 +156,11 @@ class Claim:
     seq: int = 0  # last journal seq that changed this claim
     eid: str = ""  # identity of that event (origin:seq), used when merging registries
     retired: tuple[Retired, ...] = ()
+    # Path patterns reserved with the claim (normalised, see core/paths.py): exclusive ones
+    # conflict with any overlapping reservation of another live claim, shared ones only with
+    # an exclusive one. They lapse with the claim.
+    paths: tuple[str, ...] = ()
+    shared_paths: tuple[str, ...] = ()
     token: str | None = field(default=None, compare=False, repr=False)  # a secret: never logged
 
     @property
@@ -196,6 +201,8 @@ class Claim:
             "seq": self.seq,
             "eid": self.eid,
             "retired": [r.to_dict() for r in self.retired],
+            "paths": list(self.paths),
+            "shared_paths": list(self.shared_paths),
         }
         if with_token and self.token is not None:
             data["token"] = self.token
@@ -244,13 +251,15 @@ class Claim:
             seq=_int(data.get("seq", 0)),
             eid=_str(data.get("eid") or ""),
             retired=tuple(Retired.from_dict(_mapping(r)) for r in retired),
+            paths=_names(data.get("paths") or ()),  # absent before #23
+            shared_paths=_names(data.get("shared_paths") or ()),
         )
 
 
 # Members to_dict(compact=True) drops when empty; from_dict supplies the same defaults.
 _OPTIONAL = ("note", "metadata", "result", "identity", "stale_reason", "ended_at",
              "boot_deadline")
-_EMPTY = ("retired", "deadline_boot", "eid")
+_EMPTY = ("retired", "deadline_boot", "eid", "paths", "shared_paths")
 # What ClaimTable.data_items() puts under each dict: the optional members, None.
 LISTING_BASE: dict[str, Any] = dict.fromkeys((*_OPTIONAL, "expires_at"))
 

@@ -34,6 +34,7 @@ from .model import (
     Verdict,
 )
 from .model import UNKNOWN_VERDICT as UNKNOWN
+from .reserve import Reservation, checking
 from .resolver import compare
 from .state import State
 
@@ -57,6 +58,7 @@ class Grant:
     metadata: dict[str, Any] | None = None
     identity: Identity | None = None
     phase: str = DEFAULT_PHASE
+    paths: Reservation | None = None  # path patterns to reserve (core/reserve.py decides)
 
 
 VerdictOf = Callable[[Claim], Verdict]
@@ -178,16 +180,9 @@ def _rejected(task: str, requester: str, holder: Claim, reason: str) -> dict[str
     }
 
 
-def decide_claim(
-    state: State,
-    task: str,
-    grant: Grant,
-    now: Now,
-    verdict: Verdict,
-    *,
-    take_stale: bool = False,
-    preempt: bool = False,
-) -> Decision:
+@checking(lease_expired)  # then the granted claim's paths against other claims' reservations
+def decide_claim(state: State, task: str, grant: Grant, now: Now, verdict: Verdict, *,
+                 take_stale: bool = False, preempt: bool = False) -> Decision:
     current = state.claims.get(task)
     fence = state.fence + 1
     if current is None or not (current.live or current.state == COMPLETED):

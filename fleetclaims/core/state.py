@@ -17,6 +17,7 @@ from typing import Any
 
 from .errors import RegistryCorrupt
 from .model import COMPLETED, GENESIS, LISTING_BASE, Claim, Identity, Key, Task, _mapping
+from .paths import PathIndex
 from .ports import ClaimView, TaskView
 
 
@@ -302,6 +303,9 @@ class State:
     # (a memo of this state, bounded by events.IDENTITY_MEMO_MAX; not copied, not compared).
     identities: dict[tuple[Any, ...], Identity] = field(
         default_factory=dict, repr=False, compare=False)
+    # Live claims' path reservations by leading literal segments (core/reserve.py builds it
+    # on first use; apply keeps it in step once built; None: not built, or dropped by a merge).
+    reservations: PathIndex | None = field(default=None, repr=False, compare=False)
 
     def copy(self) -> State:
         return State(self.claims.copy(), self.seq, self.fence, self.head, self.origin,

@@ -105,10 +105,16 @@ class RemoteLeases:
             verdict = UNKNOWN_VERDICT
             if current is not None and current.live and current.token_hash != grant.token_hash:
                 verdict = self.reg._verdict(current)
+            if floor <= state.fence:
+                return rules.decide_claim(state, task, grant, now, verdict,
+                                          take_stale=take_stale, preempt=preempt)
             # Above every fence the remote lease carried: fences only grow across machines.
-            lifted = replace(state, fence=max(state.fence, floor))
-            return rules.decide_claim(lifted, task, grant, now, verdict,
-                                      take_stale=take_stale, preempt=preempt)
+            # The grant records that floor, so a replay knows why it skips fence numbers.
+            decision = rules.decide_claim(replace(state, fence=floor), task, grant, now,
+                                          verdict, take_stale=take_stale, preempt=preempt)
+            return replace(decision, events=tuple(
+                {**e, "fence_floor": floor} if e.get("type") in ev.GRANTS else e
+                for e in decision.events))
 
         _, state = self.reg._run(decide)
         mine = state.claims.get(task)

@@ -71,11 +71,14 @@ def test_independent_of_locale() -> None:
     a = Claim(task="t", owner="ä", fence=1)
     b = Claim(task="t", owner="z", fence=2)
     results = []
-    for name in ("C", "C.UTF-8", "de_DE.UTF-8", "sv_SE.UTF-8", "en_US.UTF-8"):
-        try:
-            locale.setlocale(locale.LC_ALL, name)
-        except locale.Error:
-            continue
-        results.append(compare(a, False, b, False))
-    locale.setlocale(locale.LC_ALL, "C")
+    saved = locale.setlocale(locale.LC_ALL)  # restored after, so no later test runs in "C"
+    try:
+        for name in ("C", "C.UTF-8", "de_DE.UTF-8", "sv_SE.UTF-8", "en_US.UTF-8"):
+            try:
+                locale.setlocale(locale.LC_ALL, name)
+            except locale.Error:
+                continue
+            results.append(compare(a, False, b, False))
+    finally:
+        locale.setlocale(locale.LC_ALL, saved)
     assert results and all(r == (1, "owner name") for r in results)  # b"z" < "ä".encode()

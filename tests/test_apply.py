@@ -170,12 +170,12 @@ def test_identity_memo_does_not_merge_lookalike_values() -> None:
     equal to a remembered int one is still refused (only exact types take the memo)."""
     state = State()
     ev.apply(state, _created())
-    ev.apply(state, _created(seq=3, task="u", identity={"host": "h", "machine": "m",
+    ev.apply(state, _created(seq=3, task="u", fence=2, identity={"host": "h", "machine": "m",
                                                         "boot": "b", "pidns": "p", "pid": 5,
                                                         "start": 7}))
     first, second = state.claims.get("t"), state.claims.get("u")
     assert first is not None and second is not None
     assert first.identity is second.identity  # shared: the same owner process
     with pytest.raises(TypeError):
-        ev.apply(state, _created(seq=4, task="v", identity={
+        ev.apply(state, _created(seq=4, task="v", fence=3, identity={
             "host": "h", "machine": "m", "boot": "b", "pidns": "p", "pid": 5.0, "start": 7}))

@@ -227,7 +227,8 @@ def test_apply_builds_claims_equal_to_the_plain_constructors() -> None:
         assert all(type(r) is Retired for r in claim.retired)
         assert Claim.from_dict(claim.to_dict()) == claim, event["type"]
     claim_kinds = ev.ALL_TYPES - ev.TASK_EVENTS - {ev.REGISTRIES_MERGED, ev.REGISTRY_REBUILT,
-                                                    ev.JOURNAL_TAIL_REPAIRED, ev.REMOTE_LEASE}
+                                                    ev.JOURNAL_TAIL_REPAIRED, ev.REMOTE_LEASE,
+                                                    ev.JOURNAL_BREAK}
     assert claim_kinds <= kinds
 
 

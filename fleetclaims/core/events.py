@@ -90,10 +90,20 @@ def _declare(name: str, fields: tuple[str, ...], narration: str,
     return name
 
 
+# fence_floor/previous_origin: `init --new-history` after a lost history starts above the
+# old history's fences (kept in the anchor, see store/file/anchor.py).
 REGISTRY_CREATED: Final = _declare(
-    "registry_created", ("origin", "actor"), "registry {origin} was created")
+    "registry_created", ("origin", "actor"), "registry {origin} was created",
+    ("fence_floor", "previous_origin", "reason"))
+# A break in the chain kept by doctor --fix: the lines in [from_seq, to_seq] (bytes
+# [offset, end)) were damaged; the chain goes on from here with the lines that verified.
+JOURNAL_BREAK: Final = _declare(
+    "journal_break", ("actor", "reason"),
+    "the journal was repaired: {reason}",
+    ("from_seq", "to_seq", "offset", "end", "quarantined", "lost", "fence_floor",
+     "resealed", "kept"))
 CLAIM_CREATED: Final = _declare(
-    "claim_created", _GRANT, "{owner} claimed {task} (fence {fence})", ("reason",))
+    "claim_created", _GRANT, "{owner} claimed {task} (fence {fence})", ("reason", "fence_floor"))
 CLAIM_REJECTED: Final = _declare(
     "claim_rejected", ("task", "actor", "owner", "reason"),
     "{owner} was refused {task}: {reason}",
@@ -115,16 +125,19 @@ LEASE_EXPIRED: Final = _declare(
     "{owner}'s claim on {task} (fence {fence}) was marked stale: {reason}")
 CLAIM_RECOVERED: Final = _declare(
     "claim_recovered", (*_GRANT, "prev_owner", "prev_fence", "reason", "via"),
-    "{owner} took {task} over from {prev_owner} (fence {prev_fence} -> {fence}): {reason}")
+    "{owner} took {task} over from {prev_owner} (fence {prev_fence} -> {fence}): {reason}",
+    ("fence_floor",))
 CLAIM_PREEMPTED: Final = _declare(
     "claim_preempted", (*_GRANT, "prev_owner", "prev_fence", "rule"),
-    "{owner} preempted {prev_owner} on {task} (fence {prev_fence} -> {fence}); rule: {rule}")
+    "{owner} preempted {prev_owner} on {task} (fence {prev_fence} -> {fence}); rule: {rule}",
+    ("fence_floor",))
 PHASE_CHANGED: Final = _declare(
     "phase_changed", (*_HOLDER, "from_phase", "phase", *_DEADLINE),
     "{owner} moved {task} from {from_phase} to {phase}", ("park",))
 CLAIM_HANDED_OFF: Final = _declare(
     "claim_handed_off", (*_GRANT, "prev_owner", "prev_fence"),
-    "{prev_owner} handed {task} off to {owner} (fence {prev_fence} -> {fence})", ("park",))
+    "{prev_owner} handed {task} off to {owner} (fence {prev_fence} -> {fence})",
+    ("park", "fence_floor"))
 CLAIM_SUPERSEDED: Final = _declare(
     "claim_superseded",
     (*_HOLDER, "winner", "loser", "loser_fence", "loser_token_hash", "rule"),
@@ -183,12 +196,13 @@ ENDS: Final = frozenset({CLAIM_RELEASED, CLAIM_RELEASED_FORCED, CLAIM_COMPLETED}
 LOSSES: Final = frozenset({LEASE_EXPIRED, CLAIM_RECOVERED, CLAIM_PREEMPTED, CLAIM_SUPERSEDED,
                            CLAIM_RELEASED_FORCED})
 # Events about the registry itself rather than one task.
-REGISTRY_EVENTS: Final = frozenset({REGISTRY_REBUILT, JOURNAL_TAIL_REPAIRED, REGISTRIES_MERGED})
+REGISTRY_EVENTS: Final = frozenset({REGISTRY_REBUILT, JOURNAL_TAIL_REPAIRED, REGISTRIES_MERGED,
+                                    JOURNAL_BREAK})
 TASK_EVENTS: Final = frozenset({TASK_ADDED, TASK_UPDATED, TASK_BLOCKED, TASK_UNBLOCKED,
                                 BECAME_READY})
 # Journal bookkeeping that changes no claim.
 _NO_CLAIM_CHANGE = frozenset({CLAIM_REJECTED, JOURNAL_TAIL_REPAIRED, REGISTRY_CREATED,
-                              REMOTE_LEASE})
+                              REMOTE_LEASE, JOURNAL_BREAK})
 # Events that change one claim (handled by _apply_claim_event).
 _CLAIM_CHANGES = ALL_TYPES - _NO_CLAIM_CHANGE - TASK_EVENTS - {
     REGISTRIES_MERGED, REGISTRY_REBUILT}
@@ -242,6 +256,9 @@ def apply(state: State, event: dict[str, Any]) -> State:
         pass  # history copied from another registry: its effect arrives in registries_merged
     elif kind == REGISTRY_CREATED:
         state.origin = _str(event["origin"])
+        state.fence = max(state.fence, _int(event.get("fence_floor", 0)))
+    elif kind == JOURNAL_BREAK:
+        state.fence = max(state.fence, _int(event.get("fence_floor", 0)))
     elif kind in (REGISTRIES_MERGED, REGISTRY_REBUILT):
         # Both may carry whole claim records: a merge's outcome, or claims that doctor --fix
         # salvaged from a snapshot that was ahead of a damaged journal.
@@ -259,6 +276,14 @@ def apply(state: State, event: dict[str, Any]) -> State:
     return state
 
 
+def _floored(high: int, fence: Any, event: dict[str, Any]) -> bool:
+    """A grant above the high-water that records why: ``fence_floor`` (e.g. the fence a git
+    remote's lease carried), at or above the high-water, with the fence one above it."""
+    floor = event.get("fence_floor")
+    return (type(floor) is int and type(fence) is int and floor >= high
+            and fence == floor + 1)
+
+
 def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int) -> None:
     task = event["task"]
     if type(task) is not str:
@@ -272,10 +297,14 @@ def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int)
     claims = state.claims
     current = claims.get(task)
     if kind in GRANTS:
-        claims[task] = _granted(kind, event, task, current, ts, seq, eid, state.identities)
         fence = event["fence"]
-        if fence > state.fence:  # (an int: _granted checked it)
-            state.fence = fence
+        if fence != state.fence + 1 and not _floored(state.fence, fence, event):
+            # Fences never go back: a grant is the high-water + 1 (or a recorded floor + 1).
+            # Anything else (a reused fence, a forged line) is damage, not history.
+            raise ValueError(f"grant of fence {fence!r} after high-water {state.fence}")
+        claims[task] = granted = _granted(kind, event, task, current, ts, seq, eid,
+                                          state.identities)
+        state.fence = granted.fence
         return
     if current is None:
         raise ValueError(f"{kind} for task {task!r} that has no claim")

@@ -388,6 +388,11 @@ def _carry_forward(state: State, lost: Iterable[bytes]) -> tuple[list[Claim], in
             fence = max(fence, event["fence"])
         if isinstance(event.get("fence_floor"), int):
             fence = max(fence, event["fence_floor"])
+        grant = event.get("fence")
+        if event.get("type") in ev.GRANTS and type(grant) is int and grant > replayed.fence:
+            # Across the break the fences jump (the damaged lines held the grants between):
+            # the break is the recorded floor; a reused fence is still refused.
+            replayed.fence = grant - 1
         try:
             ev.apply(replayed, event)
             applied += 1

@@ -202,3 +202,21 @@ def test_cli_sync_reports_and_exits_by_the_table(tmp_path: Path,
     assert "1 registries merged" in capsys.readouterr().out
     assert main(["sync", str(tmp_path / "nowhere.git"), "--dir", registry_dir(b), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["error"] == "remote_unavailable"
+
+
+def test_sync_outside_a_repository_is_a_typed_refusal(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registry outside any git repository cannot sync: GitFailed saying so, nothing
+    written; an in-memory registry is refused as not a file registry."""
+    from fleetclaims.core.errors import GitFailed, ValidationError
+    from fleetclaims.testing import memory_registry
+
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    reg = Registry(str(tmp_path / "reg"))
+    reg.claim("t", owner="a")
+    before = _events(reg)
+    with pytest.raises(GitFailed, match="not inside a git repository"):
+        reg.sync("origin")
+    assert _events(reg) == before
+    with pytest.raises(ValidationError):
+        memory_registry().sync("origin")

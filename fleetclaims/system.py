@@ -113,6 +113,19 @@ def hostname() -> str:
     return socket.gethostname()
 
 
+def shutdown_socket(fd: int) -> None:
+    """Shut down both directions of the socket behind descriptor ``fd`` (which stays open and
+    its owner's): a call blocked on it in another thread returns. Used to cut off a database
+    connection whose server stopped answering."""
+    import socket
+
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    finally:
+        sock.close()
+
+
 @lru_cache(maxsize=1)
 def _clock_ticks() -> int:
     try:

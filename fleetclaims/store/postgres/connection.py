@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 import time
 from typing import Any
@@ -35,6 +34,7 @@ from ...core.errors import (
     StoreReadOnly,
     StoreUnavailable,
 )
+from ...system import shutdown_socket
 from .schema import describe
 
 #: connection exceptions, admin/crash shutdown, cannot connect now: the session is gone
@@ -178,12 +178,7 @@ def _shutdown(conn: psycopg.Connection[Any]) -> None:
     """Make a call blocked on ``conn`` return: shut its socket down (the descriptor stays
     psycopg's; shutdown acts on the socket behind every descriptor of it)."""
     with contextlib.suppress(OSError, psycopg.Error, ValueError):
-        fd = conn.pgconn.socket
-        sock = socket.socket(fileno=os.dup(fd))
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        finally:
-            sock.close()
+        shutdown_socket(conn.pgconn.socket)
 
 
 def is_lost(conn: psycopg.Connection[Any] | None, exc: psycopg.Error) -> bool:

@@ -266,11 +266,14 @@ class Registry(QueueMethods):
 
     def transition(
         self, task: str, *, token: str, phase: str, ttl: float | None = None,
-        max_park: float | None = None,
+        max_park: float | None = None, remote: str | None = None,
     ) -> Claim:
         """Move the claim to another phase (e.g. ``review``). ``ttl=None`` parks it: no lease;
         it ends when the owner process dies, or after ``max_park`` seconds (default: a day
         when no owner process is recorded), so a dead agent never wedges the task."""
+        if (leases := self._leases(remote)) is not None:
+            return leases.change(task, token, "transitioned", lambda: self.transition(
+                task, token=token, phase=phase, ttl=ttl, max_park=max_park, remote=""))
         task, th, ph = validate.task(task), self._token(token), validate.phase(phase)
         ttl = validate.ttl(ttl, allow_none=True)
         max_park = validate.ttl(max_park, allow_none=True)

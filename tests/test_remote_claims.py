@@ -89,6 +89,28 @@ def test_an_expired_remote_lease_may_be_taken_over(tmp_path: Path) -> None:
         ra.renew("t", token=token_of(old), remote="origin")
 
 
+def test_a_parked_remote_claim_still_expires_on_the_remote(tmp_path: Path) -> None:
+    """transition --remote to a parked phase: locally the owner process is watched (no
+    expiry), but the remote lease expires after DEFAULT_MAX_PARK, since other machines cannot
+    see that process die; after that another machine may take the task."""
+    from fleetclaims.core.rules import DEFAULT_MAX_PARK
+
+    bare, (a, b) = remote_with_clones(tmp_path, 2)
+    clock = FakeClock()
+    ra = Registry(registry_dir(a), clock=clock)
+    rb = Registry(registry_dir(b), clock=clock)
+    c = ra.claim("t", owner="alice", ttl=60, remote="origin")
+    parked = ra.transition("t", token=token_of(c), phase="review", ttl=None, remote="origin")
+    assert parked.phase == "review" and parked.expires_at is None
+    lease = _lease_log(bare, "t")[-1]
+    assert lease["expires_at"] == clock.now().wall + DEFAULT_MAX_PARK
+    clock.advance(3600)
+    with pytest.raises(ClaimConflict):
+        rb.claim("t", owner="bob", ttl=60, remote="origin")
+    clock.advance(DEFAULT_MAX_PARK)
+    assert rb.claim("t", owner="bob", ttl=60, remote="origin").fence > c.fence
+
+
 def test_offline_remote_claim_changes_nothing(tmp_path: Path) -> None:
     """With the remote unreachable, claim --remote raises RemoteUnavailable and the local
     registry holds nothing (no claim to leak)."""

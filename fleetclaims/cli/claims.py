@@ -99,6 +99,7 @@ def _add_write_parsers(add: AddParser) -> None:
     p.add_argument("--max-park", type=dur("max_park"), default=None,
                    help="without --ttl: the claim is stale after this long (default 1d when "
                    "the claim records no owner process, as from the CLI without --pid)")
+    remote_option(p)
 
     p = add("handoff", "hand your claim to another owner (new token, new fence)")
     p.add_argument("task")
@@ -192,8 +193,9 @@ def cmd_recover(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_transition(args: argparse.Namespace, out: Out) -> int:
-    c = registry(args).transition(args.task, token=token(args), phase=args.phase, ttl=args.ttl,
-                                  max_park=args.max_park)
+    reg = registry(args)
+    c = reg.transition(args.task, token=token(args), phase=args.phase, ttl=args.ttl,
+                       max_park=args.max_park, remote=remote_arg(args, reg))
     show_claim(out, c.with_token(None), "moved")
     return EXIT_OK
 

@@ -120,7 +120,7 @@ class RemoteLeases:
         mine = state.claims.get(task)
         assert mine is not None
         try:
-            commit = self.swap(task, old, document(mine, HELD, state.origin))
+            commit = self.swap(task, old, document(mine, HELD, state.origin, now.wall))
         except RemoteUnavailable:
             self._undo(task, raw, mine, "the remote became unreachable")
             raise
@@ -147,7 +147,8 @@ class RemoteLeases:
         if not ours or claim is None:
             return result  # not a remote claim (or no longer ours there): local only
         state = {"released": RELEASED, "completed": COMPLETED}.get(action, HELD)
-        commit = self.swap(task, old, document(claim, state, self.reg.store.read().origin))
+        commit = self.swap(task, old, document(claim, state, self.reg.store.read().origin,
+                                               self.reg._now().wall))
         if commit is None:
             self.record(task, "lost", claim.owner, claim.fence, None,
                         reason="the remote lease moved meanwhile")
@@ -174,10 +175,16 @@ def live(lease: dict[str, Any], wall: float) -> bool:
     return lease.get("state") == HELD and (expires is None or float(expires) > wall)
 
 
-def document(claim: Claim, state: str, origin: str) -> dict[str, Any]:
+def document(claim: Claim, state: str, origin: str, now: float) -> dict[str, Any]:
+    """The lease as the remote keeps it. A claim parked here without a deadline (its owner
+    process watched) still expires on the remote after DEFAULT_MAX_PARK: other machines cannot
+    see that process die, and a dead owner must not wedge the task for them."""
+    expires = claim.expires_at
+    if expires is None and state == HELD:
+        expires = now + rules.DEFAULT_MAX_PARK
     return {"format": 1, "task": claim.task, "state": state, "owner": claim.owner,
             "token_hash": claim.token_hash, "fence": claim.fence,
-            "expires_at": claim.expires_at, "ttl": claim.ttl, "origin": origin}
+            "expires_at": expires, "ttl": claim.ttl, "origin": origin}
 
 
 def read_lease(git: Git, commit: str) -> dict[str, Any] | None:

@@ -104,3 +104,31 @@ def git_main_worktree(start: Path) -> Path | None:
                 common = (gitdir / common).resolve()
             return common.parent if common.name == ".git" else directory
     return None
+
+
+def git_common_dir(start: Path) -> Path | None:
+    """The git directory shared by every worktree of the repository containing ``start`` (the
+    main ``.git``, or a bare repository), read from the .git files (no git process): where a
+    repository registry's anchor lives, outside what ``git clean`` removes."""
+    here = start.absolute()
+    for directory in (here, *here.parents):
+        dotgit = directory / ".git"
+        if dotgit.is_dir():
+            return dotgit
+        if not dotgit.is_file():
+            continue
+        try:
+            text = dotgit.read_text().strip()
+        except OSError:
+            return None
+        if not text.startswith("gitdir:"):
+            return None
+        gitdir = Path(text[len("gitdir:") :].strip())
+        if not gitdir.is_absolute():
+            gitdir = (directory / gitdir).resolve()
+        try:
+            common = Path((gitdir / "commondir").read_text().strip())
+        except OSError:
+            return gitdir  # a submodule: its own git directory
+        return common if common.is_absolute() else (gitdir / common).resolve()
+    return None

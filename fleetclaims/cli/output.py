@@ -50,6 +50,7 @@ EXIT_CODES: dict[str, int] = {
     "corrupt": EXIT_DAMAGED,         # repair with `doctor --fix`
     "audit_corrupt": EXIT_DAMAGED,
     "read_only": EXIT_ERROR,         # PostgreSQL: a standby or read-only database
+    "history_lost": EXIT_DAMAGED,    # the anchor outside the folder records more history
     "too_many_connections": EXIT_ERROR,  # PostgreSQL: no connection slot free
     "schema_mismatch": EXIT_ERROR,   # PostgreSQL: schema missing or newer than the code
     "no_registry": EXIT_USAGE,       # a read, merge or migrate --from where none exists

@@ -317,6 +317,29 @@ class AuditCorrupt(RegistryCorrupt):
         )
 
 
+class HistoryLost(RegistryCorrupt):
+    """The registry's history does not reach what its anchor (mirrored outside the registry
+    folder) recorded: the folder vanished, the journal was replaced by another registry's, or
+    it ends before the recorded head. Refused so fences are never handed out again."""
+
+    code = "history_lost"
+
+    def __init__(self, path: str, reason: str, *, anchor: str, origin: str, seq: int,
+                 fence: int) -> None:
+        self.anchor = anchor
+        self.origin = origin
+        self.seq = seq
+        self.fence = fence
+        super().__init__(
+            path, reason,
+            hint=f"The anchor {anchor} recorded registry {origin} at seq {seq}, fence {fence}. "
+            "Run `fleetclaims doctor --fix` to restore what can be restored (the fences go on "
+            "above the recorded ones), or `fleetclaims init --new-history` to acknowledge a "
+            "deliberate reset (a new history starting above fence "
+            f"{fence}).",
+        )
+
+
 class UnsafeRegistry(FleetclaimsError):
     """The registry location is unsafe (symlink, FIFO, hard link, foreign owner, network FS)."""
 

@@ -26,7 +26,7 @@ from typing import Any
 from ...core.errors import FleetclaimsError, RegistryCorrupt
 from ...core.ports import ClaimView
 from ...system import SystemClock
-from . import fsutil
+from . import doctor_history, fsutil
 from .lock import RegistryLock
 from .salvage import DOCTOR_TMP, JournalScan, recoverable, salvage, scan_journal
 from .snapshot import TMP_PREFIX, Snapshot, SnapshotError, claim_records, decode_snapshot
@@ -83,6 +83,8 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
     path = Path(directory).absolute()
     report = DoctorReport(str(path), fix=fix)
     if not _check_directory(path, report, fix) or not _check_files(path, report, fix):
+        if not path.exists():
+            doctor_history.check(path, JournalScan(path), None, report)
         return report
     _check_temp_files(path, report, fix)
     _check_quarantine(path, report)
@@ -92,6 +94,7 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
     assert journal is not None
     needs_salvage = _check_journal(path, journal, snapshot, report)
     snap_finding = _check_snapshot(path, journal, snapshot, snap_problem, report)
+    history_fix = doctor_history.check(path, journal, snapshot, report)
     if not fix:
         return report
     pending = [f for f in report.findings if not f.fixed and f.severity != INFO]
@@ -108,11 +111,24 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
                 journal = None
                 journal = scan_journal(path, None)
             done = False
+            if history_fix and doctor_history.foreign_origin(
+                    journal, _read_snapshot(path)[0]) is not None:
+                # Another registry's journal over ours: kept aside; our snapshot restores.
+                doctor_history.quarantine_foreign(path, report)
+                journal = None
+                journal = scan_journal(path, None)
+                needs_salvage = True
             if needs_salvage:
                 done = salvage(path, journal, _read_snapshot(path)[0], report)
             elif snap_finding is not None and os.path.lexists(path / SNAPSHOT):
                 fsutil.quarantine_file(path, path / SNAPSHOT, f"doctor: {snap_finding.kind}",
                                        extra={"finding": snap_finding.message})
+            if needs_salvage or history_fix:
+                # What was recorded outside the journal (anchor, fence mark) and is not in it
+                # any more is named in it, and fences go on above it.
+                journal = None
+                journal = scan_journal(path, None)
+                doctor_history.acknowledge(path, lock, journal)
         journal = snapshot = None  # what the store and the check below load is theirs
         if not done:
             # The store finishes the job: it repairs a torn tail and writes a fresh snapshot.

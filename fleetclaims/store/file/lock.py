@@ -57,6 +57,8 @@ GEN_OFFSET = 128
 # releaser and sleeps a whole time slice); with 100-200 it is ~2 ms, at equal throughput.
 SPIN = 200
 GEN_SIZE = 24
+FENCE_OFFSET = GEN_OFFSET + GEN_SIZE + 8  # the fence high-water mark (see fence_mark)
+FENCE_SIZE = 24
 
 
 class _Timeout(Exception):
@@ -110,6 +112,19 @@ class RegistryLock:
     def bump_generation(self) -> None:
         os.pwrite(self.fd, str(self.generation() + 1).encode().ljust(GEN_SIZE - 1) + b"\n",
                   GEN_OFFSET)
+
+    def fence_mark(self) -> int:
+        """The fence high-water last marked here (at checkpoints): it survives a journal that
+        is cut short or replaced while the folder stays, so the next load notices."""
+        raw = os.pread(self.fd, FENCE_SIZE, FENCE_OFFSET)
+        digits = raw.strip(b"\0 \n")
+        return int(digits) if digits.isdigit() else 0
+
+    def mark_fence(self, fence: int, *, force: bool = False) -> None:
+        """Raise the mark to ``fence`` (only ``force``, a recorded repair, lowers it). Unlocked
+        callers may race: the mark may then lag, never lead."""
+        if force or fence > self.fence_mark():
+            os.pwrite(self.fd, str(fence).encode().ljust(FENCE_SIZE - 1) + b"\n", FENCE_OFFSET)
 
     def _wait(self, idle: Callable[[], bool] | None = None) -> None:
         # A short spin first: the holder's critical section is tens of microseconds, and

@@ -1,0 +1,134 @@
+"""doctor's side of honest history: compare the journal with its anchor (anchor.py) and the
+fence mark in claims.lock, and, with --fix, acknowledge what is lost in the journal itself.
+
+- journal cut short (or its fences below the recorded high-water): a ``journal_break`` line is
+  appended naming the lost seq range and raising the fence floor above every fence recorded
+  anywhere; the anchor then follows the repaired journal;
+- another registry's journal in place of ours, with our snapshot kept: the foreign journal is
+  quarantined and our snapshot's claims re-recorded (the salvage of a missing journal);
+- a vanished folder, or a foreign journal without our snapshot: nothing of ours is left to
+  restore: only ``fleetclaims init --new-history`` (a deliberate reset) goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...core import events as ev
+from ...core.state import State
+from . import anchor, fsutil
+from .faults import osc
+from .journal import seal_events, write_at
+from .lock import FENCE_OFFSET, FENCE_SIZE, RegistryLock
+from .store import JOURNAL, LOCK
+
+if TYPE_CHECKING:
+    from .doctor import DoctorReport
+    from .salvage import JournalScan
+    from .snapshot import Snapshot
+
+KIND = "history_lost"
+
+
+def lock_fence(path: Path) -> int:
+    """The fence mark in claims.lock, read without opening it for writing."""
+    try:
+        with open(path / LOCK, "rb") as f:
+            f.seek(FENCE_OFFSET)
+            digits = f.read(FENCE_SIZE).strip(b"\0 \n")
+    except OSError:
+        return 0
+    return int(digits) if digits.isdigit() else 0
+
+
+def foreign_origin(journal: JournalScan, snapshot: Snapshot | None) -> str | None:
+    """The origin the journal should have when it is another registry's, else None: the
+    anchor's, or (without one) our snapshot's."""
+    found = anchor.read(journal.path)
+    ours = found.origin if found is not None else (snapshot.state.origin if snapshot else "")
+    theirs = journal.state.origin
+    return ours if ours and theirs and ours != theirs else None
+
+
+def check(path: Path, journal: JournalScan, snapshot: Snapshot | None,
+          report: DoctorReport) -> bool:
+    """Add a finding when the history falls short of what was recorded; True when --fix can
+    act on it (a cut journal, or a foreign one with our snapshot to restore from)."""
+    found = anchor.read(path)
+    if not journal.exists:
+        if found is not None and snapshot is None:
+            report.add(KIND, f"the registry's journal and snapshot are gone (registry "
+                       f"{found.origin} had reached seq {found.seq}, fence {found.fence}, as its "
+                       f"anchor {found.path} records): nothing is left to restore; run "
+                       "`fleetclaims init --new-history` to start a new history above fence "
+                       f"{found.fence}", origin=found.origin, seq=found.seq, fence=found.fence)
+        return False
+    ours = foreign_origin(journal, snapshot)
+    if ours is not None:
+        can = snapshot is not None and snapshot.state.origin == ours
+        report.add(KIND, f"the journal belongs to registry {journal.state.origin}, not to this "
+                   f"registry ({ours}): another registry's history was put in its place; "
+                   + ("--fix quarantines it and restores this registry's snapshot" if can else
+                      "nothing of this registry is left to restore: move the journal aside and "
+                      "run `fleetclaims init --new-history`"), origin=ours)
+        return can
+    if journal.break_seq is not None:
+        return False  # the break is reported (and salvaged) first; the floor follows below
+    reason = anchor.problem(journal.state, found, lock_fence(path))
+    if reason is None:
+        return False
+    report.add(KIND, reason + "; --fix records the loss in the journal (journal_break) and "
+               "continues fences above every fence recorded")
+    return True
+
+
+def quarantine_foreign(path: Path, report: DoctorReport) -> None:
+    """Move another registry's journal aside (kept, never deleted)."""
+    fsutil.quarantine_file(path, path / JOURNAL, "doctor: another registry's journal",
+                           extra={"finding": KIND})
+
+
+def acknowledge(path: Path, lock: RegistryLock, journal: JournalScan) -> dict[str, Any] | None:
+    """After the repairs (under the lock): when the verified journal still falls short of the
+    anchor or the fence mark, append a journal_break that names the loss and raises the fence
+    floor; then mirror the journal's head (forced: a recorded repair). Returns the event."""
+    if not journal.exists or journal.break_seq is not None or journal.torn:
+        return None
+    state = journal.state
+    found = anchor.read(path)
+    if found is not None and state.origin and found.origin != state.origin:
+        return None  # not ours: only init --new-history goes on
+    mark = lock.fence_mark()
+    reason = anchor.problem(state, found, mark)
+    event: dict[str, Any] | None = None
+    if reason is not None:
+        event = {"type": ev.JOURNAL_BREAK, "actor": "doctor", "reason": reason,
+                 "fence_floor": max(mark, state.fence, found.fence if found else 0)}
+        if found is not None and found.seq > state.seq:
+            event.update(from_seq=state.seq + 1, to_seq=found.seq,
+                         lost=f"events {state.seq + 1}..{found.seq} (not in these bytes)")
+        events = [event]
+        if not state.origin and found is not None:  # an emptied journal: keep our identity
+            events.insert(0, {"type": ev.REGISTRY_CREATED, "actor": "doctor",
+                              "origin": found.origin, "reason": "journal emptied"})
+        _append(path, lock, state, journal.good_end, events)
+    anchor.record(path, state, force=True)
+    lock.mark_fence(state.fence, force=True)
+    return event
+
+
+def _append(path: Path, lock: RegistryLock, state: State, at: int,
+            events: list[dict[str, Any]]) -> None:
+    data, sealed = seal_events(events, state.seq, state.head, time.time())
+    fd = fsutil.open_file(path / JOURNAL, os.O_RDWR)
+    try:
+        write_at(fd, data, at)
+        osc.fsync(fd)
+    finally:
+        os.close(fd)
+    lock.bump_generation()  # every handle reloads (and meets the break)
+    for obj in sealed:
+        ev.apply(state, obj)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import _wait
+from . import _paths, _wait
 from .core import queue, rules, validate
 from .core.errors import ValidationError
 from .core.model import Claim, Now
@@ -106,6 +106,8 @@ class QueueMethods:
         take_stale: bool = False,
         process: bool | int = True,
         wait: float | None = None,
+        paths: Iterable[str] | None = None,
+        shared_paths: Iterable[str] | None = None,
     ) -> Claim | None:
         """Atomically claim the best ready task (lowest priority number, then oldest, then
         id) carrying every label in ``labels``; None when nothing is ready. With
@@ -116,6 +118,8 @@ class QueueMethods:
         wait = _wait.check_wait(wait)
         raw, grant = self._grant(owner, None, ttl, note=note, metadata=metadata,
                                  process=process)
+        grant = _paths.with_paths(grant, paths, shared_paths)  # a task whose paths conflict
+        # with another claim's is passed over like a held one
 
         def decide(state: State, now: Now) -> Decision:
             return rules.decide_claim_next(state, grant, now, self._verdict, labels=wanted,

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import _open, _reads, _wait
+from . import _open, _paths, _reads, _wait
 from ._lease import Lease
 from ._queue_api import QueueMethods
 from ._reads import OwnerStats, Stats
@@ -157,6 +157,8 @@ class Registry(QueueMethods):
         process: bool | int = True,
         remote: str | None = None,
         wait: float | None = None,
+        paths: Iterable[str] | None = None,
+        shared_paths: Iterable[str] | None = None,
     ) -> Claim:
         """Claim ``task`` for ``owner`` for ``ttl`` seconds. Raises ClaimConflict when anyone
         holds it live, TaskCompleted when it is done. The returned claim carries the token.
@@ -164,7 +166,9 @@ class Registry(QueueMethods):
 
         ``process`` names the owner process whose death makes the claim stale before its lease
         ends: True (default) this process, an int another PID, False none (lease only).
-        ``remote`` (default: the registry's) also takes the lease on that git remote."""
+        ``remote`` (default: the registry's) also takes the lease on that git remote.
+        ``paths``/``shared_paths`` reserve path patterns with the claim (core/paths.py): a
+        conflict with another live claim's is ``PathConflict``."""
         task = validate.task(task)
         take_stale = validate.flag("take_stale", take_stale)
         preempt = validate.flag("preempt", preempt)
@@ -174,6 +178,7 @@ class Registry(QueueMethods):
                                 priority=priority, note=note, metadata=metadata, process=process))
         raw, grant = self._grant(owner, token, ttl, priority=priority, note=note,
                                  metadata=metadata, process=process)
+        grant = _paths.with_paths(grant, paths, shared_paths, remote)
 
         def decide(state: State, now: Now) -> Decision:
             current = state.claims.get(task)
@@ -257,9 +262,8 @@ class Registry(QueueMethods):
         raw, grant = self._grant(owner, None, ttl, priority=priority, note=note, process=process)
 
         def decide(state: State, now: Now) -> Decision:
-            return rules.decide_recover(
-                state, task, grant, why, now, self._verdict(state.claims.get(task))
-            )
+            return _paths.recover_checked(state, rules.decide_recover(
+                state, task, grant, why, now, self._verdict(state.claims.get(task))), now)
 
         _, state = self._run(decide)
         return self._mine(state, task, raw)
@@ -300,6 +304,15 @@ class Registry(QueueMethods):
                                  allow_parked=True)
         _, state = self._run(lambda s, now: rules.decide_handoff(s, task, th, grant, now))
         return self._mine(state, task, raw)
+
+    def reserve(self, task: str, *, token: str, paths: Iterable[str] | None = None,
+                shared_paths: Iterable[str] | None = None) -> Claim:
+        """Add path reservations to the held claim of ``task`` (PathConflict on overlap)."""
+        return _paths.reserve_paths(self, task, token, paths, shared_paths)
+
+    def unreserve(self, task: str, *, token: str, paths: Iterable[str] | None = None) -> Claim:
+        """Drop path reservations from the held claim of ``task`` (all when ``paths`` is None)."""
+        return _paths.unreserve_paths(self, task, token, paths)
 
     def reopen(self, task: str, *, reason: str, actor: str = "operator") -> Claim | None:
         """Make a completed task claimable again. None when it was not completed."""

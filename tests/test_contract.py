@@ -381,7 +381,8 @@ def test_claims_data_matches_claims(make_registry: Callable[[], Registry],
             claims = fresh.claims(**kwargs)
             assert [d["task"] for d in data] == [c.task for c in claims], kwargs
             # (members at their empty defaults may be left out, as in the persisted form)
-            empty = {"retired": [], "deadline_boot": "", "eid": ""}
+            empty = {"retired": [], "deadline_boot": "", "eid": "", "paths": [],
+                     "shared_paths": []}
             assert [{**empty, **d} for d in data] == [c.to_dict() for c in claims]
             assert len({id(d) for d in data} | {id(d) for d in fresh.claims_data(**kwargs)}) \
                 == 2 * len(data)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from fleetclaims.core import events as ev
-from fleetclaims.core import reserve, rules
+from fleetclaims.core import reservations, rules
 from fleetclaims.core.errors import (
     ClaimConflict,
     ClaimSuperseded,
@@ -317,17 +317,17 @@ ROWS = [
         (ev.CLAIM_CREATED,), fields={"paths": ["src"]}),
     Row("reserve by the holder: paths_reserved with the whole set and the change",
         lambda: state_of(PARSER),
-        lambda s: reserve.decide_reserve(s, "p", "ta", ["lib"], [], NOW),
+        lambda s: reservations.decide_reserve(s, "p", "ta", ["lib"], [], NOW),
         (ev.PATHS_RESERVED,), fields={"paths": ["src/parser", "lib"],
                                       "shared_paths": ["docs/*.md"], "changed": ["lib"]}),
     Row("reserve overlapping another claim's reservation: path conflict",
         lambda: state_of(PARSER, replace(held(), paths=("lib/x",))),
-        lambda s: reserve.decide_reserve(s, "p", "ta", ["lib"], [], NOW),
+        lambda s: reservations.decide_reserve(s, "p", "ta", ["lib"], [], NOW),
         (ev.CLAIM_REJECTED,), PathConflict, error_attrs={"holder_task": "t"}),
     Row("reserve by another token: not holder", lambda: state_of(PARSER),
-        lambda s: reserve.decide_reserve(s, "p", "tz", ["lib"], [], NOW), (), NotHolder),
+        lambda s: reservations.decide_reserve(s, "p", "tz", ["lib"], [], NOW), (), NotHolder),
     Row("unreserve one pattern: paths_released", lambda: state_of(PARSER),
-        lambda s: reserve.decide_unreserve(s, "p", "ta", ["docs/*.md"], NOW),
+        lambda s: reservations.decide_unreserve(s, "p", "ta", ["docs/*.md"], NOW),
         (ev.PATHS_RELEASED,), fields={"paths": ["src/parser"], "shared_paths": [],
                                       "changed": ["docs/*.md"]}),
 ]

@@ -142,7 +142,7 @@ DOCUMENTED_EXIT = {
     "StoreReadOnly": 1, "StoreOverloaded": 1, "SchemaMismatch": 1,
     "RegistryNotFound": 2, "AccessDenied": 1, "MissingDependency": 1,
     "ValidationError": 2, "DependencyCycle": 2,
-    "ClaimConflict": 3, "TaskCompleted": 3, "TaskNotReady": 3,
+    "ClaimConflict": 3, "PathConflict": 3, "TaskCompleted": 3, "TaskNotReady": 3,
     "NotHolder": 4, "LeaseExpired": 4, "ClaimSuperseded": 4,
     "RegistryCorrupt": 5, "AuditCorrupt": 5,
     "RemoteUnavailable": 1, "RemoteRewritten": 5, "GitFailed": 1,

@@ -62,6 +62,8 @@ def script(name: str) -> str:
     chained = f'"$(dirname "$0")/{name}{CHAINED_SUFFIX}"'
     if name == "pre-push":
         return _pre_push(chained)
+    if name == "pre-commit":
+        return _pre_commit(chained)
     if name == TRAILER_HOOK:
         # $1 is the message file. The trailer lets reviewers match a commit to its claim.
         action = ('  git interpret-trailers --in-place --if-exists addIfDifferent --trailer '
@@ -84,6 +86,24 @@ def script(name: str) -> str:
     )
 
 
+def _pre_commit(chained: str) -> str:
+    """pre-commit: the guard always runs, in a claimed run or not, because a commit touching
+    paths another claim reserved is refused whoever makes it (#23); it exits at once when
+    nothing is staged or no registry exists."""
+    return (
+        "#!/bin/sh\n"
+        f"{MARKER} (pre-commit): installed by `fleetclaims hooks install`; undo with "
+        "`fleetclaims hooks uninstall`.\n"
+        "# The claim of a `fleetclaims run` (if any), then the staged paths against the "
+        "paths other claims reserved.\n"
+        f"{_command()} guard --hook pre-commit </dev/null || exit $?\n"
+        f"if [ -x {chained} ]; then\n"
+        f'  exec {chained} "$@"\n'
+        "fi\n"
+        "exit 0\n"
+    )
+
+
 def _pre_push(chained: str) -> str:
     """pre-push: the guard in a claimed run, then the fences of the pushed commits' ``Claim:``
     trailers against the remote's leases (Python starts only when a pushed commit carries one),
@@ -93,9 +113,10 @@ def _pre_push(chained: str) -> str:
         f"{MARKER} (pre-push): installed by `fleetclaims hooks install`; undo with "
         "`fleetclaims hooks uninstall`.\n"
         "refs=$(cat)\n"
-        'if [ -n "${FLEETCLAIMS_TASK:-}" ]; then\n'
-        f"  {_command()} guard --hook pre-push </dev/null || exit $?\n"
-        "fi\n"
+        "# The claim of a `fleetclaims run` (if any), then the paths the pushed commits change "
+        "against the paths other claims reserved.\n"
+        f"printf '%s\\n' \"$refs\" | {_command()} guard --hook pre-push --remote \"$1\" "
+        "|| exit $?\n"
         "# The Claim trailers of the commits this push sends (new branch: those not on the "
         "remote yet).\n"
         "remote=$1 format='%(trailers:key=Claim,valueonly)'\n"

@@ -32,9 +32,11 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from .._version import __version__
-from ..core.errors import ClaimConflict, FleetclaimsError, NotHolder
+from ..core.errors import ClaimConflict, FleetclaimsError, NotHolder, PathConflict
 from . import brief
 from .mcp_keep import KEEPALIVE_MAX, Keeper, TokenFile, resume
+from .mcp_paths import TOOLS as PATH_TOOLS
+from .mcp_paths import Paths, PathTools, SharedPaths
 from .mcp_plan import TOOLS as PLANNING
 from .mcp_plan import PlanningTools
 
@@ -68,12 +70,16 @@ def _summary(c: Claim, now: float | Now) -> dict[str, Any]:
     left = lease_left(c.expires_at, c.boot_deadline, c.deadline_boot, now)
     return {"task": c.task, "owner": c.owner, "fence": c.fence, "state": c.state,
             "phase": c.phase, "expires_in": None if left is None else round(left, 1),
-            "note": c.note}
+            "note": c.note, "paths": list(c.paths), "shared_paths": list(c.shared_paths)}
 
 
 def _next_action(exc: FleetclaimsError) -> str:
     """The error's advice in terms of this server's tools (the library's speaks of the CLI)."""
     task = getattr(exc, "task", "TASK")
+    if isinstance(exc, PathConflict):
+        return (f"{exc.holder} reserved {exc.theirs!r} for {exc.holder_task!r}, which overlaps "
+                f"{exc.mine!r}: do not touch those files. Claim with other paths, or wait for "
+                "that claim to end.")
     if isinstance(exc, ClaimConflict):
         if exc.stale:
             return f"The claim is stale ({exc.reason}): call recover with task={task!r} and a " \
@@ -109,7 +115,7 @@ def _error(exc: FleetclaimsError) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
 
-class ClaimsServer(PlanningTools):
+class ClaimsServer(PlanningTools, PathTools):
     """The tools, bound to one registry and one owner; the tokens of claims made here."""
 
     def __init__(self, registry: Registry, owner: str, token_file: TokenFile | None = None,
@@ -199,12 +205,15 @@ class ClaimsServer(PlanningTools):
               take_stale: Annotated[bool, Field(description="Take the task over if its claim "
                                                 "is stale (expired or owner dead).")] = False,
               wait: Wait = 0,
+              paths: Paths = None,
+              shared_paths: SharedPaths = None,
               ) -> CallToolResult:
         # With the token this server already holds for the task, a repeated claim (an agent
         # retrying after a lost reply) is idempotent instead of a conflict with itself.
         return self.waiting(wait, lambda w: self.granted(self.registry.claim(
             task, owner=self.owner, ttl=ttl, note=note, priority=priority,
-            take_stale=take_stale, token=self.tokens.get(task), process=False, wait=w)))
+            take_stale=take_stale, token=self.tokens.get(task), process=False, wait=w,
+            paths=paths, shared_paths=shared_paths)))
 
     def claim_next(self,
                    ttl: LeaseTtl = 600,
@@ -213,10 +222,13 @@ class ClaimsServer(PlanningTools):
                    take_stale: Annotated[bool, Field(description="A queued task whose claim "
                                                      "is stale counts as ready.")] = False,
                    wait: Wait = 0,
+                   paths: Paths = None,
+                   shared_paths: SharedPaths = None,
                    ) -> CallToolResult:
         def op(w: float | None) -> dict[str, Any]:
             c = self.registry.claim_next(owner=self.owner, labels=labels, ttl=ttl,
-                                         take_stale=take_stale, process=False, wait=w)
+                                         take_stale=take_stale, process=False, wait=w,
+                                         paths=paths, shared_paths=shared_paths)
             if c is None:
                 return {"task": None, "claimed": False, "queue": self.registry.stats().queue,
                         "next_action": "Nothing is ready: call claim_next with wait=300 to "
@@ -417,6 +429,7 @@ TOOLS: dict[str, tuple[str, ToolAnnotations]] = {
     "brief": ("A short current picture: what you hold and must renew, what others hold, what "
               "is stale, and the tool calls to use. Call it at the start of a session.", READ),
     **{name: (text, WRITE) for name, text in PLANNING.items()},
+    **{name: (text, WRITE) for name, text in PATH_TOOLS.items()},
 }
 
 

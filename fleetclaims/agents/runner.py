@@ -41,13 +41,16 @@ class RunOptions:
     timeout: float | None = None
     labels: tuple[str, ...] = ()
     wait: float | None = None
+    paths: tuple[str, ...] = ()  # reserved with the claim (exclusive, then shared)
+    shared_paths: tuple[str, ...] = ()
 
 
 def run_next(reg: Registry, cmd: list[str], opts: RunOptions) -> int:
     """Claim the best ready task of the queue (waiting ``opts.wait`` for one) and run ``cmd``
     on it as ``run_command`` does; exit 3 when nothing was ready."""
     claim = reg.claim_next(owner=opts.owner, labels=opts.labels, ttl=opts.ttl, note=opts.note,
-                           take_stale=opts.take_stale, wait=opts.wait)
+                           take_stale=opts.take_stale, wait=opts.wait, paths=opts.paths,
+                           shared_paths=opts.shared_paths)
     if claim is None:
         counts = reg.stats().queue
         if opts.json_out:
@@ -72,6 +75,8 @@ def run_command(
     json_out: bool = False,
     grace: float = GRACE,
     timeout: float | None = None,
+    paths: tuple[str, ...] = (),
+    shared_paths: tuple[str, ...] = (),
 ) -> int:
     """Claim ``task``, run ``cmd`` with the claim in its environment, renew at a third of the
     TTL while it runs, complete on exit 0 and release otherwise; return the command's exit code.
@@ -79,7 +84,8 @@ def run_command(
     and return 4; past ``timeout`` seconds stop it likewise and return 124."""
     opts = RunOptions(owner=owner, ttl=ttl, note=note, take_stale=take_stale,
                       json_out=json_out, grace=grace, timeout=timeout)
-    claim = reg.claim(task, owner=owner, ttl=ttl, note=note, take_stale=take_stale)
+    claim = reg.claim(task, owner=owner, ttl=ttl, note=note, take_stale=take_stale,
+                      paths=paths, shared_paths=shared_paths)
     return _run_claimed(reg, Lease(reg, claim), cmd, opts)
 
 

@@ -62,12 +62,13 @@ COMMANDS: dict[str, str] = {
     **dict.fromkeys(("merge", "doctor", "migrate", "db"), "admin"),
     **dict.fromkeys(("run", "mcp", "guard", "hooks", "brief"), "agents"),
     "sync": "sync",
+    **dict.fromkeys(("reserve", "unreserve"), "paths"),
 }
 
 #: older subcommand names, kept working for the scripts that use them -> the canonical name
 ALIASES: dict[str, str] = {"show": "get", "list": "claims", "next": "claim-next"}
 
-GROUPS = ("claims", "queue", "audit", "admin", "agents", "sync")
+GROUPS = ("claims", "queue", "audit", "admin", "agents", "sync", "paths")
 
 
 def _group(name: str) -> ModuleType:

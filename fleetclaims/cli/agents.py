@@ -16,6 +16,8 @@ from .args import AddParser, Handler, dur, reader, registry
 from .output import EXIT_OK, exit_code
 
 if TYPE_CHECKING:
+    from ..agents.guard import GuardResult
+    from ..api import Registry
     from .output import Out
 
 EXAMPLES = {
@@ -52,6 +54,9 @@ def add_parsers(add: AddParser) -> None:
     p.add_argument("--grace", type=dur("grace"), default=GRACE,
                    help="seconds between SIGTERM and SIGKILL when the command's process group "
                    f"is stopped (lease lost, Ctrl-C, --timeout; default {GRACE:g}s)")
+    from .paths import paths_options
+
+    paths_options(p)
 
     owner_help = "who this agent is (default: $FLEETCLAIMS_OWNER)"
 
@@ -63,6 +68,8 @@ def add_parsers(add: AddParser) -> None:
 
     p = add("guard", "refuse (exit non-zero) if this run's claim is no longer live and ours")
     p.add_argument("--hook", default=None, help="the git hook calling it (for the message)")
+    p.add_argument("--remote", default="", help="pre-push: the remote pushed to (the pushed "
+                   "refs on stdin, as git gives them), to check the paths the push changes")
 
     p = add("hooks", "install or remove the guard as git hooks (chained to existing hooks)")
     p.add_argument("action", choices=("install", "uninstall"))
@@ -97,10 +104,12 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
         return run_next(registry(args), cmd, RunOptions(
             owner=owner, ttl=args.ttl, note=args.note, take_stale=args.take_stale,
             json_out=out.json, grace=args.grace, timeout=args.timeout,
-            labels=tuple(args.labels), wait=args.wait))
+            labels=tuple(args.labels), wait=args.wait, paths=tuple(args.paths or ()),
+            shared_paths=tuple(args.shared or ())))
     return run_command(registry(args), args.task, owner=owner, ttl=args.ttl,
                        note=args.note, take_stale=args.take_stale, cmd=cmd, json_out=out.json,
-                       grace=args.grace, timeout=args.timeout)
+                       grace=args.grace, timeout=args.timeout,
+                       paths=tuple(args.paths or ()), shared_paths=tuple(args.shared or ()))
 
 
 def cmd_mcp(args: argparse.Namespace, out: Out) -> int:
@@ -138,9 +147,9 @@ def cmd_guard(args: argparse.Namespace, out: Out) -> int:
     from ..agents import guard
 
     found = guard.claim_env(os.environ)
-    if found is None:
-        return EXIT_OK  # not in a claimed run: nothing to guard
-    if isinstance(found, guard.ClaimEnv):
+    if found is None:  # not in a claimed run: only the paths others reserved to check
+        result = guard.GuardResult(True)
+    elif isinstance(found, guard.ClaimEnv):
         from ..location import is_url, resolve
 
         location = resolve(args.dir)
@@ -161,6 +170,8 @@ def cmd_guard(args: argparse.Namespace, out: Out) -> int:
                 reg.close()
     else:
         result = found
+    if result.ok and args.hook in ("pre-commit", "pre-push"):
+        result = _paths_guard(args)
     if out.json:
         out.doc(result.to_dict())
     if not result.ok:
@@ -168,6 +179,21 @@ def cmd_guard(args: argparse.Namespace, out: Out) -> int:
         sys.stderr.write(f"fleetclaims guard: {what} refused: {result.reason.rstrip('.')}.\n"
                          f"{result.next_action}\n")
     return exit_code(result.code)
+
+
+def _paths_guard(args: argparse.Namespace) -> GuardResult:
+    """The staged (pre-commit) or pushed (pre-push) paths against others' reservations."""
+    from ..agents import guard_paths
+    from ..location import is_url, resolve
+
+    def open_registry() -> Registry | None:
+        location = resolve(args.dir)
+        if not is_url(location) and not os.path.isdir(location):
+            return None
+        return registry(args, create=False)  # read only: a hook never creates a registry
+
+    refs = sys.stdin.read() if args.hook == "pre-push" and args.remote else ""
+    return guard_paths.hook_check(open_registry, args.hook, os.environ, refs, args.remote)
 
 
 def cmd_hooks(args: argparse.Namespace, out: Out) -> int:
@@ -186,7 +212,7 @@ def cmd_hooks(args: argparse.Namespace, out: Out) -> int:
         out.line(f"{c.action} {c.path}" + (f" ({c.detail})" if c.detail else ""))
     if args.action == "install":
         out.line("commits and pushes inside `fleetclaims run` are now refused once its claim "
-                 "is lost; outside a claimed run the hooks do nothing")
+                 "is lost, and any commit or push touching paths another claim reserved")
     return EXIT_OK
 
 

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.durations import iso, relative
 from .args import AddParser, Handler, dur, json_arg, reader, registry, token, token_option
-from .output import EXIT_OK, claim_doc, claim_rows, data_doc, show_claim
+from .output import EXIT_OK, claim_doc, claim_rows, data_doc, paths_text, show_claim
+from .paths import paths_options
 from .sync import remote_arg, remote_option
 from .who import owner_of, owner_option, wait_option
 
@@ -59,6 +60,7 @@ def _add_write_parsers(add: AddParser) -> None:
                    "is stale at once; without it the lease alone decides")
     wait_option(p, "for the holder to let go")
     remote_option(p)
+    paths_options(p)
 
     p = add("renew", "extend your lease")
     p.add_argument("task")
@@ -148,7 +150,8 @@ def cmd_claim(args: argparse.Namespace, out: Out) -> int:
                   metadata=json_arg("metadata", args.metadata, plain_ok=False),
                   take_stale=args.take_stale, preempt=args.preempt,
                   process=args.pid if args.pid is not None else False,
-                  remote=remote_arg(args, reg), wait=args.wait)
+                  remote=remote_arg(args, reg), wait=args.wait,
+                  paths=args.paths, shared_paths=args.shared)
     show_claim(out, c, "claimed")
     return EXIT_OK
 
@@ -314,6 +317,8 @@ def _claim_fields(c: Claim, now: float) -> list[tuple[str, str]]:
     ]
     if c.note:
         rows.append(("note", c.note))
+    if c.paths or c.shared_paths:
+        rows.append(("paths", paths_text(c)))
     if c.identity is not None:
         rows.append(("process", f"pid {c.identity.pid} on {c.identity.host}"))
     return rows

@@ -39,6 +39,7 @@ EXIT_CODES: dict[str, int] = {
     "invalid": EXIT_USAGE,           # ValidationError: nothing was written
     "dependency_cycle": EXIT_USAGE,
     "conflict": EXIT_CONFLICT,       # someone else holds the task
+    "unreserved": EXIT_CONFLICT,     # guard: a changed path no claim of the committer reserved
     "completed": EXIT_CONFLICT,
     "not_ready": EXIT_CONFLICT,
     "nothing_ready": EXIT_CONFLICT,  # claim-next found no ready task
@@ -172,6 +173,8 @@ def data_doc(data: dict[str, Any], now: float | Now) -> dict[str, Any]:
     pop = data.pop
     for key in _DOC_HIDDEN:
         pop(key, None)
+    data.setdefault("paths", [])  # (a listing leaves out empty reservations, as stored)
+    data.setdefault("shared_paths", [])
     data["expires_in"] = None if left is None else round(left, 3)
     return data
 
@@ -190,6 +193,8 @@ def show_claim(out: Out, c: Claim, verb: str) -> None:
         exp = f"expires {relative(c.expires_at, now)} ({iso(c.expires_at)})"
     out.line(f"{out.paint(verb, '32')} {c.task} for {c.owner}: fence {c.fence}, phase {c.phase}, "
              f"{exp}")
+    if c.paths or c.shared_paths:
+        out.line(f"paths: {paths_text(c)}")
     if c.token:
         out.line(f"token: {c.token}")
         out.line("keep it secret; pass it to renew/complete/release (or set FLEETCLAIMS_TOKEN)")
@@ -209,8 +214,16 @@ def claim_rows(claims: Sequence[Claim], now: float,
                 else "expires " + relative(c.expires_at, now))
         else:
             exp = c.state + " " + relative(c.ended_at, now)
-        rows.append([c.task, c.owner, str(c.fence), c.phase, c.state, exp, c.note or ""])
+        note = c.note or ""
+        if c.paths or c.shared_paths:
+            note = f"{note} [paths: {paths_text(c)}]".strip()
+        rows.append([c.task, c.owner, str(c.fence), c.phase, c.state, exp, note])
     return rows
+
+
+def paths_text(c: Claim) -> str:
+    """A claim's reservations in one line: exclusive patterns, then shared ones marked so."""
+    return ", ".join([*c.paths, *(f"{p} (shared)" for p in c.shared_paths)])
 
 
 def print_events(out: Out, events: Sequence[dict[str, Any]], header: bool = True) -> None:

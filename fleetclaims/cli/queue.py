@@ -11,6 +11,7 @@ from ..core.durations import relative
 from ..core.errors import ValidationError
 from .args import AddParser, Handler, dur, reader, registry
 from .output import EXIT_OK, claim_doc, exit_code, show_claim
+from .paths import paths_options
 from .who import owner_of, owner_option, wait_option
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ def add_parsers(add: AddParser) -> None:
     p.add_argument("--pid", type=int, default=None,
                    help="the owner's process: when it dies the claim is stale at once")
     wait_option(p, "for a task to become ready")
+    paths_options(p)
 
     p = add("ready", "what `claim-next` would hand out now, best first")
     p.add_argument("--label", dest="labels", action="append", default=[])
@@ -204,7 +206,8 @@ def cmd_claim_next(args: argparse.Namespace, out: Out) -> int:
     reg = registry(args)
     c = reg.claim_next(owner=owner_of(args), labels=args.labels, ttl=args.ttl, note=args.note,
                        take_stale=args.take_stale,
-                       process=args.pid if args.pid is not None else False, wait=args.wait)
+                       process=args.pid if args.pid is not None else False, wait=args.wait,
+                       paths=args.paths, shared_paths=args.shared)
     if c is not None:
         queued = reg.task(c.task)
         if out.json:

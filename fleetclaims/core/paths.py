@@ -292,6 +292,20 @@ class PathIndex:
         """Reservations that may overlap ``pattern`` (a superset; ``overlap`` decides)."""
         return _walk(self._root, _key(pattern), 0)
 
+    def covering(self, path: str) -> Iterator[Reserved]:
+        """Reservations that cover the file ``path`` (a pattern covering it has a literal
+        prefix that is a prefix of the path: only the nodes along it are read)."""
+        parts = [seg for seg in path.casefold().split("/") if seg not in ("", ".")]
+        node: _Node | None = self._root
+        for depth in range(len(parts) + 1):
+            assert node is not None
+            for reserved in node.here:
+                if covers(reserved.pattern, path):
+                    yield reserved
+            node = node.below.get(parts[depth]) if depth < len(parts) else None
+            if node is None:
+                return
+
     def conflicts(self, task: str, exclusive: Iterable[str], shared: Iterable[str]
                   ) -> Iterator[tuple[str, Reserved]]:
         """(my pattern, their reservation) pairs of other tasks that conflict: an exclusive

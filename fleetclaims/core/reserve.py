@@ -28,11 +28,12 @@ def index(state: State) -> PathIndex:
     """The state's reservation index, built now from the claim table when it is not yet."""
     if state.reservations is None:
         built = PathIndex()
-        for task, data in state.claims.raw_items():
-            if isinstance(data, dict) and (data.get("paths") or data.get("shared_paths")):
-                claim = state.claims.get(task)
-                if claim is not None and claim.live:
-                    built.put(task, claim.paths, claim.shared_paths)
+        reserving = [task for task, data in state.claims.raw_items()
+                     if isinstance(data, dict) and (data.get("paths") or data.get("shared_paths"))]
+        for task in reserving:  # (get() converts raw entries: not while iterating them)
+            claim = state.claims.get(task)
+            if claim is not None and claim.live:
+                built.put(task, claim.paths, claim.shared_paths)
         state.reservations = built
     return state.reservations
 
@@ -133,51 +134,3 @@ class Reservation:
         if not paths and not shared:
             return None
         return cls(tuple(paths), tuple(p for p in shared if p not in paths))
-
-
-def decide_reserve(state: State, task: str, token_hash: str, paths: Sequence[str],
-                   shared: Sequence[str], now: Now, actor: str | None = None) -> Any:
-    """Add ``paths``/``shared`` to the held claim of ``task`` (a shared pattern made exclusive
-    moves). Refused like a claim when they conflict; nothing new: no event."""
-    from . import rules  # (rules wraps decide_claim with this module: imported late)
-
-    current, refused = rules.holder_check(state, task, token_hash, now)
-    if current is None:
-        return refused
-    new_paths = tuple(dict.fromkeys((*current.paths, *paths)))
-    new_shared = tuple(p for p in dict.fromkeys((*current.shared_paths, *shared))
-                       if p not in new_paths)
-    if (new_paths, new_shared) == (current.paths, current.shared_paths):
-        return rules.Decision(result=current)
-    found = overlaps(state, task, new_paths, new_shared, now, rules.lease_expired)
-    if found:
-        rejected, error = refusal(task, current.owner, found[0])
-        return rules.Decision((rejected,), error)
-    changed = [*(p for p in new_paths if p not in current.paths),
-               *(p for p in new_shared if p not in current.shared_paths)]
-    return rules.Decision(({**_holder(current, actor), "type": ev.PATHS_RESERVED,
-                            "paths": list(new_paths), "shared_paths": list(new_shared),
-                            "changed": changed},), result=current)
-
-
-def decide_unreserve(state: State, task: str, token_hash: str, patterns: Sequence[str] | None,
-                     now: Now, actor: str | None = None) -> Any:
-    """Remove ``patterns`` (every reservation when None) from the held claim of ``task``."""
-    from . import rules
-
-    current, refused = rules.holder_check(state, task, token_hash, now)
-    if current is None:
-        return refused
-    drop = set(current.paths) | set(current.shared_paths) if patterns is None else set(patterns)
-    changed = [p for p in (*current.paths, *current.shared_paths) if p in drop]
-    if not changed:
-        return rules.Decision(result=current)
-    return rules.Decision(({**_holder(current, actor), "type": ev.PATHS_RELEASED,
-                            "paths": [p for p in current.paths if p not in drop],
-                            "shared_paths": [p for p in current.shared_paths if p not in drop],
-                            "changed": changed},), result=current)
-
-
-def _holder(claim: Claim, actor: str | None) -> dict[str, Any]:
-    return {"task": claim.task, "actor": actor or claim.owner, "owner": claim.owner,
-            "fence": claim.fence}

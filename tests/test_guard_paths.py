@@ -1,0 +1,155 @@
+"""The guard's path check in a real repository: two agents in two worktrees reserve disjoint and
+overlapping paths; commits (edits, renames, deletions) and pushes touching the other agent's
+reserved files are refused, their own and unreserved ones pass, and the requirePaths setting
+refuses unreserved ones too."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("git") is None, reason="needs git")]
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "t@example.com",
+           "GIT_CONFIG_NOSYSTEM": "1"}
+CLAIM_VARS = ("FLEETCLAIMS_TASK", "FLEETCLAIMS_TOKEN", "FLEETCLAIMS_FENCE", "FLEETCLAIMS_OWNER")
+
+
+class Agent:
+    """One agent: its name, its worktree, and the shared registry."""
+
+    def __init__(self, name: str, tree: Path, tmp: Path) -> None:
+        self.name, self.tree, self.tmp = name, tree, tmp
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in CLAIM_VARS}
+        env.update(GIT_ENV, HOME=str(self.tmp / "home"), FLEETCLAIMS_OWNER=self.name,
+                   FLEETCLAIMS_DIR=str(self.tmp / "registry"))
+        return env
+
+    def fc(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fleetclaims", *args], cwd=self.tree,
+                              env=self.env(), capture_output=True, text=True, timeout=60,
+                              check=False)
+
+    def git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=self.tree, env=self.env(),
+                              capture_output=True, text=True, timeout=60, check=check)
+
+    def write(self, rel: str, text: str) -> None:
+        path = self.tree / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        self.git("add", rel)
+
+    def commit(self, message: str) -> subprocess.CompletedProcess[str]:
+        return self.git("commit", "-qm", message, check=False)
+
+    def reset(self) -> None:
+        """Drop whatever is staged (after a refused commit)."""
+        self.git("reset", "-q", "--hard", "HEAD")
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> tuple[Agent, Agent, Path]:
+    (tmp_path / "home").mkdir()
+    main = tmp_path / "main"
+    main.mkdir()
+    admin = Agent("admin", main, tmp_path)
+    admin.git("init", "-q", "-b", "main")
+    for rel in ("src/parser/lexer.py", "src/cli/main.py", "docs/guide.md"):
+        admin.write(rel, "v1\n")
+    admin.git("commit", "-qm", "first")
+    remote = tmp_path / "remote.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True, env=admin.env())
+    admin.git("remote", "add", "origin", str(remote))
+    admin.git("push", "-q", "origin", "main")
+    assert admin.fc("hooks", "install", "--no-trailer").returncode == 0
+    trees = []
+    for name in ("a", "b"):
+        admin.git("worktree", "add", "-q", "-b", f"agent-{name}", str(tmp_path / f"wt-{name}"))
+        trees.append(Agent(f"agent-{name}", tmp_path / f"wt-{name}", tmp_path))
+    return trees[0], trees[1], remote
+
+
+def test_two_agents_in_two_worktrees(agents: tuple[Agent, Agent, Path]) -> None:
+    """Disjoint reservations coexist, an overlapping claim is refused naming the holder; the
+    pre-commit hook refuses the other agent's reserved file (edit, rename out of it, rename
+    into it, deletion) naming file, holder and task, and passes one's own and free paths."""
+    a, b, _ = agents
+    assert a.fc("claim", "lexer", "--paths", "src/parser/**").returncode == 0
+    assert b.fc("claim", "cli", "--paths", "src/cli", "--shared", "docs").returncode == 0
+    refused = b.fc("claim", "refactor", "--paths", "src/parser/*.py")
+    assert refused.returncode == 3
+    assert "agent-a" in refused.stderr and "'lexer'" in refused.stderr
+
+    b.write("src/parser/lexer.py", "b's change\n")
+    done = b.commit("b edits the lexer")
+    assert done.returncode != 0
+    for word in ("src/parser/lexer.py", "agent-a", "'lexer'", "commit refused"):
+        assert word in done.stderr, (word, done.stderr)
+    b.reset()
+    b.git("mv", "src/parser/lexer.py", "src/lexer.py")
+    assert b.commit("b moves the lexer out").returncode != 0
+    b.reset()
+    b.git("mv", "docs/guide.md", "src/parser/guide.md")
+    assert b.commit("b moves a file into the parser").returncode != 0
+    b.reset()
+    b.git("rm", "-q", "src/parser/lexer.py")
+    assert b.commit("b deletes the lexer").returncode != 0
+    b.reset()
+
+    b.write("src/cli/main.py", "b's cli\n")
+    b.write("README.md", "nobody reserved this\n")
+    assert b.commit("b edits its own and free paths").returncode == 0
+    a.write("src/parser/lexer.py", "a's change\n")
+    assert a.commit("a edits its own reservation").returncode == 0
+
+
+def test_require_paths_and_release(agents: tuple[Agent, Agent, Path]) -> None:
+    """With fleetclaims.requirePaths a path none of the committer's claims reserved is
+    refused until reserved; a released claim's paths are anyone's again."""
+    a, b, _ = agents
+    claimed = a.fc("claim", "lexer", "--paths", "src/parser", "--json")
+    assert claimed.returncode == 0
+    token = __import__("json").loads(claimed.stdout)["token"]
+    b.git("config", "fleetclaims.requirePaths", "true")
+    assert b.fc("claim", "docs-task").returncode == 0
+    b.write("docs/guide.md", "b's docs\n")
+    done = b.commit("unreserved")
+    assert done.returncode != 0 and "not reserved by your" in done.stderr
+    b.reset()
+    # reserve needs the claim's token: take it from a --json claim of another task
+    got = b.fc("claim", "docs2", "--json")
+    b_token = __import__("json").loads(got.stdout)["token"]
+    assert b.fc("reserve", "docs2", "docs", "--token", b_token).returncode == 0
+    b.write("docs/guide.md", "b's docs\n")
+    assert b.commit("reserved now").returncode == 0
+    assert a.fc("release", "lexer", "--token", token).returncode == 0
+    assert b.fc("reserve", "docs2", "src/parser", "--token", b_token).returncode == 0
+    b.write("src/parser/lexer.py", "b's lexer\n")
+    assert b.commit("the lexer is b's now").returncode == 0
+
+
+def test_pre_push_refuses_commits_touching_reserved_paths(
+        agents: tuple[Agent, Agent, Path]) -> None:
+    """A commit that skipped the pre-commit hook is caught at push: refused while another
+    claim reserves the file, pushed once the reservation is gone."""
+    a, b, _ = agents
+    claimed = a.fc("claim", "lexer", "--paths", "src/parser", "--json")
+    token = __import__("json").loads(claimed.stdout)["token"]
+    b.write("src/parser/lexer.py", "sneaky\n")
+    b.git("commit", "-qm", "no hook", "--no-verify")
+    pushed = b.git("push", "-q", "origin", "agent-b", check=False)
+    assert pushed.returncode != 0
+    assert "push refused" in pushed.stderr and "agent-a" in pushed.stderr
+    assert a.fc("release", "lexer", "--token", token).returncode == 0
+    pushed = b.git("push", "-q", "origin", "agent-b", check=False)
+    assert pushed.returncode == 0, pushed.stderr

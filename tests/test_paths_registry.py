@@ -1,0 +1,90 @@
+"""Path reservations through the Registry, on every store (file, memory, PostgreSQL): claims
+with paths, conflicts naming holder and patterns, reserve/unreserve, lapse with stale claims,
+recover and handoff carrying them, reopening a registry, and the audit events."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from fleetclaims import Registry, ValidationError
+from fleetclaims.core.errors import NotHolder, PathConflict
+from fleetclaims.testing import FakeClock
+
+pytestmark = pytest.mark.integration
+
+
+def test_claims_with_disjoint_paths_coexist_and_overlapping_ones_are_refused(
+        registry: Registry) -> None:
+    """Disjoint exclusive paths coexist; an overlap is a PathConflict naming the holder, its
+    task and both patterns; shared beside shared is fine, shared beside exclusive is not."""
+    a = registry.claim("lexer", owner="alice", paths=["src/parser/**"], shared_paths=["docs"])
+    registry.claim("cli", owner="bob", paths=["src/cli"], shared_paths=["docs/*.md"])
+    assert a.paths == ("src/parser",) and a.shared_paths == ("docs",)
+    with pytest.raises(PathConflict) as caught:
+        registry.claim("refactor", owner="carol", paths=["src/parser/*.py"])
+    err = caught.value
+    assert (err.holder, err.holder_task, err.mine) == ("alice", "lexer", "src/parser/*.py")
+    assert err.theirs == "src/parser"
+    assert err.code == "conflict"
+    with pytest.raises(PathConflict):
+        registry.claim("docs", owner="carol", paths=["docs/readme.md"])
+    assert registry.get("refactor") is None and registry.get("docs") is None
+
+
+def test_reserve_and_unreserve_change_a_held_claim(registry: Registry) -> None:
+    """reserve adds patterns (refused on overlap, nothing changed), unreserve drops them and
+    frees them for others; both need the token; the audit records both."""
+    a = registry.claim("a", owner="alice", paths=["lib"])
+    assert a.token is not None
+    b = registry.claim("b", owner="bob")
+    assert b.token is not None
+    assert registry.reserve("b", token=b.token, paths=["src"]).paths == ("src",)
+    with pytest.raises(PathConflict):
+        registry.reserve("a", token=a.token, paths=["src/x.py"])
+    with pytest.raises(NotHolder):
+        registry.reserve("a", token=b.token, paths=["tests"])
+    assert registry.unreserve("b", token=b.token, paths=["src/"]).paths == ()
+    assert registry.reserve("a", token=a.token, paths=["src/x.py"]).paths == ("lib", "src/x.py")
+    kinds = [e.type for e in registry.events(limit=10_000).events]
+    assert "paths_reserved" in kinds and "paths_released" in kinds
+    with pytest.raises(ValidationError):
+        registry.reserve("a", token=a.token, paths=["../etc"])
+
+
+def test_reservations_lapse_with_a_stale_or_ended_claim(registry: Registry,
+                                                        clock: FakeClock) -> None:
+    """A released claim's paths are free at once; an expired lease's are free after it ends."""
+    a = registry.claim("a", owner="alice", ttl=10, paths=["src"])
+    assert a.token is not None
+    registry.release("a", token=a.token)
+    registry.claim("b", owner="bob", ttl=10, paths=["src"])
+    clock.advance(11)
+    registry.claim("c", owner="carol", paths=["src/x"])
+
+
+def test_recover_and_handoff_carry_reservations(registry: Registry, clock: FakeClock) -> None:
+    """A handoff and a recovery keep the claim's paths; a recovery is refused when someone
+    reserved them after they lapsed."""
+    a = registry.claim("a", owner="alice", ttl=10, paths=["src"], process=False)
+    assert a.token is not None
+    moved = registry.handoff("a", token=a.token, to_owner="bob", ttl=10)
+    assert moved.paths == ("src",)
+    clock.advance(11)
+    assert registry.recover("a", owner="carol", reason="bob left").paths == ("src",)
+    clock.advance(700)  # carol's lease (default ttl) runs out too
+    registry.claim("z", owner="dave", paths=["src/y"])
+    with pytest.raises(PathConflict):
+        registry.recover("a", owner="erin", reason="carol left")
+
+
+def test_reservations_survive_reopening(make_registry: Callable[[], Registry]) -> None:
+    """A registry opened again decides on the reservations it stored."""
+    first = make_registry()
+    first.claim("a", owner="alice", paths=["src"])
+    again = make_registry()
+    claim = again.get("a")
+    assert claim is not None and claim.paths == ("src",)
+    with pytest.raises(PathConflict):
+        again.claim("b", owner="bob", paths=["src/a.py"])

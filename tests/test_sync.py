@@ -92,22 +92,30 @@ def test_offline_sync_changes_nothing_and_converges_later(tmp_path: Path) -> Non
 
 
 def test_git_clean_brings_the_history_back_from_the_remote(tmp_path: Path) -> None:
-    """`git clean -fdx` removes a clone's registry; the next sync takes its claims and their
-    audit back from the remote, and the holder's token still works."""
-    _, (a,) = remote_with_clones(tmp_path, 1)
-    ra = Registry(registry_dir(a))
+    """`git clean -fdx` removes a clone's registry; the next sync takes its own journal back
+    from the remote byte for byte (same origin, seq, hashes and fences), the holder's token
+    still works; a new clone takes the same claims by merging."""
+    _, (a, b, c) = remote_with_clones(tmp_path, 3)
+    ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
     token = ra.claim("t", owner="alice", ttl=600).token
     assert token is not None
-    ra.sync("origin")
+    rb.claim("u", owner="bob", ttl=600)
+    for reg in (ra, rb, ra):
+        reg.sync("origin")
+    published, origin, fence = _events(ra), ra.store.read().origin, ra.store.read().fence
     ra.close()
     git("clean", "-q", "-fdx", cwd=a)
     assert not os.path.exists(registry_dir(a))
     fresh = Registry(registry_dir(a))
-    assert fresh.get("t") is None
-    fresh.sync("origin")
-    assert _owner(fresh, "t") == "alice"
+    report = fresh.sync("origin")
+    assert report.restored == len(published) and report.published is None
+    assert fresh.store.read().origin == origin and _events(fresh) == published
+    assert _owner(fresh, "t") == "alice" and _owner(fresh, "u") == "bob"
     assert fresh.renew("t", token=token).owner == "alice"
-    assert any(e.get("imported") and e.get("type") == "claim_created" for e in _events(fresh))
+    assert fresh.claim("v", owner="alice").fence == fence + 1
+    other = Registry(registry_dir(c))
+    assert other.sync("origin").restored == 0
+    assert _owner(other, "t") == "alice" and _owner(other, "u") == "bob"
 
 
 def test_git_daemon_remote(tmp_path: Path) -> None:

@@ -61,6 +61,9 @@ def cmd_sync(args: argparse.Namespace, out: Out) -> int:
              f"{report.imported_events} events imported, {len(report.changed)} claims changed, "
              + (f"published {report.published[:12]}" if report.published else
                 "nothing new to publish"))
+    if report.restored:
+        out.line(f"  this registry's folder was emptied: its {report.restored} journal lines "
+                 "came back from the remote")
     for c in report.conflicts:
         out.line(f"  {c.task}: {c.winner} (fence {c.winner_fence}) wins over {c.loser} "
                  f"(fence {c.loser_fence}) by {c.rule}; see `fleetclaims explain {c.task}`")

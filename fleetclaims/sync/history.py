@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..core.chain import check_seal
-from ..core.errors import AuditCorrupt, RemoteRewritten, ValidationError
+from ..core.errors import AuditCorrupt, RegistryCorrupt, RemoteRewritten, ValidationError
 from ..core.merge import Conflict
 from .gitrefs import Git, remote_key, repository_of
 
@@ -50,12 +50,14 @@ class SyncReport:
     conflicts: tuple[Conflict, ...] = ()
     published: str | None = None
     seen: dict[str, str] = field(default_factory=dict)
+    restored: int = 0  # journal lines taken back from the remote into an emptied registry
 
     def to_dict(self) -> dict[str, Any]:
         return {"remote": self.remote, "origin": self.origin, "merged": list(self.merged),
                 "imported_events": self.imported_events, "changed": list(self.changed),
                 "conflicts": [c.to_dict() for c in self.conflicts],
-                "published": self.published, "registries": dict(sorted(self.seen.items()))}
+                "published": self.published, "registries": dict(sorted(self.seen.items())),
+                "restored": self.restored}
 
 
 class _Side:
@@ -75,6 +77,12 @@ class _Side:
     def fetch(self) -> dict[str, str]:
         self.git.fetch(self.remote, [f"+{JOURNAL_NS}*:{self.incoming_ns}*"], prune=True)
         return self._strip(self.git.refs(self.incoming_ns), self.incoming_ns)
+
+    def home(self, location: str) -> str:
+        """The local ref naming the last commit this clone published for the registry at
+        ``location``: how an emptied registry finds its own history again."""
+        key = hashlib.sha256(location.encode()).hexdigest()[:16]
+        return f"{self.base}home/{key}"
 
     def seen(self, our_origin: str) -> dict[str, str]:
         ns = self.seen_ns(our_origin)
@@ -101,9 +109,11 @@ def sync(reg: Registry, remote: str | None = None, *, actor: str = "sync",
     merged: list[str] = []
     changed: set[str] = set()
     conflicts: list[Conflict] = []
-    imported = 0
+    imported = restored = 0
     for _attempt in range(_ATTEMPTS):
         incoming = side.fetch()
+        if not restored:
+            restored = _restore(reg, git, side, incoming, accept_rewritten)
         our_origin = reg.store.read().origin
         seen = side.seen(our_origin)
         if not accept_rewritten:
@@ -127,12 +137,40 @@ def sync(reg: Registry, remote: str | None = None, *, actor: str = "sync",
         if published or state.origin in incoming:
             now_seen[state.origin] = published or incoming[state.origin]
         ns = side.seen_ns(state.origin)
+        home = {side.home(reg.location): now_seen[state.origin]} if state.origin in now_seen \
+            else {}
         git.update_refs({**{ns + o: None for o in seen if o not in now_seen},
-                         **{ns + o: s for o, s in now_seen.items()}})
+                         **{ns + o: s for o, s in now_seen.items()}, **home})
         return SyncReport(remote, state.origin, tuple(merged), imported, tuple(sorted(changed)),
-                          tuple(conflicts), published, now_seen)
+                          tuple(conflicts), published, now_seen, restored)
     raise RemoteRewritten(remote, JOURNAL_NS + reg.store.read().origin,
                           f"it kept moving under {_ATTEMPTS} attempts to publish")
+
+
+def _restore(reg: Registry, git: Git, side: _Side, incoming: dict[str, str],
+              accept_rewritten: bool) -> int:
+    """An emptied registry (its folder removed, e.g. by ``git clean -fdx``) that this clone
+    published before takes its own journal back, byte for byte: same origin, same seq and
+    hashes, same fences; the number of lines restored (0: nothing to do).
+
+    Only what was published comes back; a store that recorded more (an anchor outside the
+    folder) still says what is missing after this."""
+    try:
+        if reg.store.read().seq:
+            return 0
+    except RegistryCorrupt as exc:  # the store knows a history lived here (its anchor)
+        if not getattr(exc, "origin", None):
+            raise
+    home = git.rev(side.home(reg.location))
+    origin = str(_meta(git, home).get("origin", "")) if home else ""
+    if not origin or origin not in incoming:
+        return 0
+    if not accept_rewritten:
+        seen = {o: c for o, c in side.seen(origin).items() if o == origin}
+        _check_extends(git, side.remote, seen, incoming)
+    lines = _verified_lines(git, side.remote, origin, incoming[origin])
+    reg.store.import_events(lines)
+    return len(lines)
 
 
 def _check_extends(git: Git, remote: str, seen: dict[str, str],
@@ -178,9 +216,19 @@ def _lines(git: Git, commit: str) -> list[bytes]:
 def _registry_of(reg: Registry, git: Git, remote: str, origin: str, sha: str) -> Registry:
     """The history published at ``sha`` as an in-memory registry, verified line by line."""
     from ..api import Registry
+    from ..store.memory import MemoryStore
+
+    lines = _verified_lines(git, remote, origin, sha)
+    store = MemoryStore(clock=reg.clock, location=f"{remote}#{JOURNAL_NS + origin}")
+    store.import_events(lines)
+    return Registry(store=store, clock=reg.clock, prober=reg.prober)
+
+
+def _verified_lines(git: Git, remote: str, origin: str, sha: str) -> list[bytes]:
+    """The journal lines published at ``sha``, each checked against its seal, seq and link,
+    and the history checked to be registry ``origin``'s."""
     from ..core.model import GENESIS
     from ..store.file.journal import parse_line
-    from ..store.memory import MemoryStore
 
     ref = JOURNAL_NS + origin
     lines = _lines(git, sha)
@@ -197,9 +245,7 @@ def _registry_of(reg: Registry, git: Git, remote: str, origin: str, sha: str) ->
     if found != origin:
         raise RemoteRewritten(remote, ref, f"it holds the history of registry {found!r}, "
                               f"not {origin!r}")
-    store = MemoryStore(clock=reg.clock, location=f"{remote}#{ref}")
-    store.import_events(lines)
-    return Registry(store=store, clock=reg.clock, prober=reg.prober)
+    return lines
 
 
 def _our_lines(reg: Registry) -> list[bytes]:

@@ -172,17 +172,21 @@ def test_rewritten_ref_is_detected_and_nothing_is_lost(tmp_path: Path, how: str)
 
 def test_tampered_history_does_not_verify(tmp_path: Path) -> None:
     """A published journal whose bytes were changed (and re-committed on top) is refused:
-    every line is checked against its seal before a merge."""
-    bare, (a, b) = remote_with_clones(tmp_path, 2)
-    ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
+    every new history is checked line by line against its seals before any is merged, so a
+    sound one published beside it is not merged either."""
+    bare, (a, b, c) = remote_with_clones(tmp_path, 3)
+    ra, rb, rc = (Registry(registry_dir(x)) for x in (a, b, c))
     ra.claim("t", owner="alice", ttl=600)
+    rc.claim("u", owner="carol", ttl=600)
     ra.sync("origin")
-    ref = JOURNAL_NS + ra.store.read().origin
+    rc.sync("origin")
+    # the history merged last (in origin order) is the damaged one
+    ref = JOURNAL_NS + max(ra.store.read().origin, rc.store.read().origin)
     old = git("rev-parse", ref, cwd=bare)
     entries = git("ls-tree", old, cwd=bare).splitlines()
     name = next(e for e in entries if "journal-" in e)
     blob = name.split()[2]
-    data = git("cat-file", "blob", blob, cwd=bare).replace("alice", "mallory") + "\n"
+    data = git("cat-file", "blob", blob, cwd=bare).replace('"owner":"', '"owner":"x') + "\n"
     new_blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=bare, input=data,
                               capture_output=True, text=True, check=True).stdout.strip()
     tree = subprocess.run(["git", "mktree"], cwd=bare, capture_output=True, text=True,

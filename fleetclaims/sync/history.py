@@ -118,10 +118,12 @@ def sync(reg: Registry, remote: str | None = None, *, actor: str = "sync",
         seen = side.seen(our_origin)
         if not accept_rewritten:
             _check_extends(git, remote, seen, incoming)
-        for origin, sha in sorted(incoming.items()):
-            if origin == our_origin or seen.get(origin) == sha:
-                continue
-            plan = reg.merge(_registry_of(reg, git, remote, origin, sha), actor=actor)
+        # Every new history is verified before any is merged: a bad one changes nothing here.
+        theirs = [(origin, _registry_of(reg, git, remote, origin, sha))
+                  for origin, sha in sorted(incoming.items())
+                  if origin != our_origin and seen.get(origin) != sha]
+        for origin, source in theirs:
+            plan = reg.merge(source, actor=actor)
             merged.append(origin)
             imported += plan.imported
             changed.update(plan.changed)

@@ -23,6 +23,8 @@ CRASH_POINTS = (
     "repair.after_quarantine",  # torn tail copied to quarantine, journal not yet truncated
     "repair.after_truncate",  # journal truncated, repair event not yet written
     "rebuild.after_quarantine",  # damaged snapshot moved aside, state not yet rebuilt
+    "rest.before_trim",  # settling: padding checked free and zero, journal not yet cut
+    "rest.after_trim",  # padding cut off, claims.json not yet at the head
 )
 
 

@@ -267,12 +267,77 @@ class Refusals:
         self._seen.clear()
 
 
-def after_fork(keeper: IdleKeeper | None) -> IdleKeeper | None:
-    """A keeper from the parent process has no thread here."""
-    return keeper if keeper is not None and keeper.pid == os.getpid() else None
+class AtRest:
+    """One store handle's at-rest bookkeeping: when it last wrote, whether it shares padding,
+    whether it owes a settle, its idle keeper and the refusals it counts."""
+
+    def __init__(self) -> None:
+        self.last_write = -1e9  # monotonic
+        self.padded = False
+        self.trim_checked = False  # the opener's look for a crashed writer's padding
+        self.dirty = False  # wrote since the last settle
+        self.keeper: IdleKeeper | None = None
+        self.refusals = Refusals()
+        self._snap_mono = 0.0
+
+    def busy(self) -> bool:
+        """Whether this handle wrote within IDLE (then padding pays for itself); marks a write."""
+        now = time.monotonic()
+        busy, self.last_write = now - self.last_write < IDLE, now
+        return busy
+
+    def quiet(self) -> bool:
+        return time.monotonic() - self.last_write >= IDLE
+
+    def checkpoint_late(self, snapshot: str) -> bool:
+        """While busy, claims.json lags the head by at most ~IDLE seconds: True once a second,
+        unless another writer checkpointed within that second. A one-shot write never is."""
+        now = time.monotonic()
+        if not self._snap_mono:
+            self._snap_mono = now
+        if now - self._snap_mono < IDLE:
+            return False
+        self._snap_mono = now
+        try:
+            return time.time() - os.stat(snapshot).st_mtime >= IDLE
+        except OSError:
+            return True
+
+    def wrote(self, store: Settles) -> None:
+        """After a write: the idle keeper settles the handle once it has been quiet."""
+        self.dirty = True
+        keeper = self.keeper
+        if keeper is not None and keeper.pid == os.getpid():
+            keeper.touch()
+            return
+        self.keeper = IdleKeeper(store)
+        settle_at_exit(store)
+
+    def settled(self) -> None:
+        self.last_write = -1e9  # the next write starts unpadded (one-shot)
+        self.dirty = self.padded = False
+        self.refusals.forget()
+
+    def stop(self, *, join: bool = False) -> None:
+        if self.keeper is not None:
+            self.keeper.stop(join=join)
+            self.keeper = None
+
+    def reset(self) -> None:
+        self.stop()
+        self.padded = self.trim_checked = False
 
 
 __all__ = [
-    "DEFER_MIN", "IDLE", "REFUSAL_FLUSH", "IdleKeeper", "Refusals", "after_fork",
-    "fork_settler", "release_padding", "settle_at_exit", "share_padding", "trim_padding",
+    "DEFER_MIN",
+    "IDLE",
+    "REFUSAL_FLUSH",
+    "AtRest",
+    "IdleKeeper",
+    "Refusals",
+    "fork_settler",
+    "release_padding",
+    "settle_at_exit",
+    "share_padding",
+    "trim_padding",
 ]

@@ -84,13 +84,14 @@ def encode_snapshot(state: State, offset: int) -> bytes:
 # stored as is) made leaner, because a cold command parses the whole snapshot: at 10,000 claims
 # format 1 was 6.4 MB, ~30 ms of orjson.loads and ~4 ms of checksum. A packed entry
 #   - has no "task" member (it is the entry's key);
-#   - leaves out state "active", phase "working", priority 100, and renewed_at when it equals
-#     claimed_at (the values of almost every live claim);
+#   - leaves out state "active", priority 100, and renewed_at when it equals claimed_at (the
+#     values of almost every live claim); the phase stays, so that `jq .claims claims.json`
+#     shows a person owner, phase, expiry and fence of every claim (#15);
 #   - names its owner process identity by its index in the snapshot's "identities" list: the
 #     identities of the processes that made the claims, usually a handful for any number of
 #     claims.
 # _unpack restores the format-1 dict exactly (member order aside).
-_PACK_DEFAULTS: dict[str, Any] = {"state": "active", "phase": DEFAULT_PHASE, "priority": 100}
+_PACK_DEFAULTS: dict[str, Any] = {"state": "active", "priority": 100}
 
 
 class _Packer:
@@ -157,7 +158,8 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-_UNPACK_BASE: dict[str, Any] = {"task": None, **_PACK_DEFAULTS}
+# (phase: snapshots written before #15 leave out "working")
+_UNPACK_BASE: dict[str, Any] = {"task": None, "phase": DEFAULT_PHASE, **_PACK_DEFAULTS}
 _PACKED_LISTING_BASE = {**_UNPACK_BASE, **LISTING_BASE}
 
 

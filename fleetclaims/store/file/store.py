@@ -10,17 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ...core import events as ev
 from ...core.errors import (
-    AuditCorrupt,
     DurabilityError,
     FleetclaimsError,
-    RegistryCorrupt,
     UnsafeRegistry,
     ValidationError,
 )
@@ -28,11 +24,11 @@ from ...core.model import Now
 from ...core.rules import Decision
 from ...core.state import State
 from ...system import Clock, current_pid, unsafe_filesystem
-from ..base import LOCAL_DIRECTORY, Capabilities, Decide, VerifyReport
+from ..base import LOCAL_DIRECTORY, Capabilities, Decide
 from . import fsutil, rest
+from .catchup import JOURNAL, LOCK, SNAPSHOT, CatchUp
 from .faults import crash_point, osc
 from .journal import (
-    apply_checked,
     cut_back,
     preallocate,
     seal_events,
@@ -40,19 +36,14 @@ from .journal import (
     write_at,
 )
 from .lock import RegistryLock
-from .reader import CATCH_UP_CHUNK, JournalReader, events_after, verify_fd
+from .reader import JournalReader
 from .snapshot import (
-    anchor_problem,
     encode_snapshot,
-    read_snapshot,
     snapshot_seq,
     sweep_temp_files,
     write_snapshot,
 )
 
-JOURNAL = "audit.jsonl"
-SNAPSHOT = "claims.json"
-LOCK = "claims.lock"
 # Checkpoint when the journal tail since the last snapshot exceeds max(MIN, snapshot/DIVISOR):
 # the snapshot write is then paid for by at least snapshot/DIVISOR bytes of appends, so the
 # amortised cost per operation stays constant however many claims there are, and a cold start
@@ -60,8 +51,10 @@ LOCK = "claims.lock"
 CHECKPOINT_MIN_TAIL = 512 * 1024
 CHECKPOINT_DIVISOR = 8
 
+__all__ = ["CHECKPOINT_DIVISOR", "CHECKPOINT_MIN_TAIL", "JOURNAL", "LOCK", "SNAPSHOT", "FileStore"]
 
-class FileStore:
+
+class FileStore(CatchUp):
     capabilities = Capabilities("file", frozenset({LOCAL_DIRECTORY}))
 
     def __init__(
@@ -102,15 +95,7 @@ class FileStore:
         self._rebuild_owed = False
         self._swept_temps = False
         self.last_checkpoint_error: OSError | None = None
-        # At rest (rest.py): when this handle last wrote (monotonic), whether it holds a share
-        # of preallocated padding, its idle keeper, and the refusals it counts.
-        self._last_write = -1e9
-        self._padded = False
-        self._trim_checked = False
-        self._keeper: rest.IdleKeeper | None = None
-        self._refusals = rest.Refusals()
-        self._snap_mono = 0.0
-        self._dirty = False
+        self._rest = rest.AtRest()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -149,10 +134,7 @@ class FileStore:
         self._state = None
         self._offset = 0
         self._padding_checked = False
-        self._padded = self._trim_checked = False
-        if self._keeper is not None:
-            self._keeper.stop()
-            self._keeper = None
+        self._rest.reset()
 
     def now(self) -> Now:
         return self.clock.now()
@@ -210,8 +192,8 @@ class FileStore:
             seen = self._offset
             state = self._catch_up(writer=True)
             self._others_wrote = self._offset != seen
-            if not self._trim_checked:  # the next opener removes what a crashed writer left
-                self._trim_checked = True
+            if not self._rest.trim_checked:  # the opener removes a crashed writer's padding
+                self._rest.trim_checked = True
                 if self._alloc > self._offset and rest.trim_padding(self._fd, self._offset):
                     self._alloc = self._offset
             if state.seq == 0:  # an empty journal (a crash right after creating it)
@@ -224,8 +206,8 @@ class FileStore:
             events = decision.events
             # A refusal is no state change: never fsynced, and a repeat is only counted.
             quiet = all(e["type"] == ev.CLAIM_REJECTED for e in events)
-            if events and not (quiet and self._refusals.absorb(events, now.wall)):
-                owed = self._refusals
+            if events and not (quiet and self._rest.refusals.absorb(events, now.wall)):
+                owed = self._rest.refusals
                 if (not quiet and owed.pending()) or owed.due(now.wall):
                     events = (*owed.take(), *events)
                 # Group commit: write under the lock, fdatasync after releasing it, so the
@@ -241,7 +223,7 @@ class FileStore:
             crash_point("journal.after_sync")
             if self._checkpoint_due():
                 self._checkpoint(unlocked=True)
-            self._wrote()
+            self._rest.wrote(self)
         assert self._state is not None
         return decision, self._state
 
@@ -277,167 +259,6 @@ class FileStore:
             raise self._poison(DurabilityError("making the journal durable" + undone,
                                                str(self.journal_path), exc)) from exc
 
-    def read(self) -> State:
-        with self._mutex:
-            if self._poisoned is not None:
-                raise self._poisoned
-            try:
-                self._ensure_open()
-                try:
-                    return self._catch_up(writer=False)
-                except AuditCorrupt:
-                    # Without the lock a read can overlap a writer cutting its lines back
-                    # (a failed fdatasync) and see half a line; that writer bumped the
-                    # generation first. Then reload once; real damage fails again.
-                    if self._fd < 0 or self._lock.generation() == self._generation:
-                        raise
-                    self._drop_state()
-                    return self._catch_up(writer=False)
-            except OSError as exc:
-                raise self._io_failure("reading the registry", exc) from exc
-
-    # --- catching up -------------------------------------------------------------------------
-
-    def _open_journal(self, *, create: bool) -> bool:
-        """Open the journal descriptor; False when there is no journal (and create is False)."""
-        # The generation before the open: read after it, a replacement (doctor --fix) landing
-        # in between would pair the old inode with the new generation, and this handle would
-        # never reload (readers open without the lock). Read before, such a race only costs a
-        # needless reload.
-        generation = self._lock.generation()
-        try:
-            self._fd = fsutil.open_file(self.journal_path, os.O_RDWR, create=create)
-        except FileNotFoundError:
-            return False
-        self._generation = generation
-        self._alloc = os.fstat(self._fd).st_size
-        return True
-
-    def _catch_up(self, *, writer: bool) -> State:
-        if writer and not self._swept_temps and self._fd >= 0:
-            # A handle that first loaded as a reader still owes the writer's clean-up.
-            self._sweep_temp_files()
-        if writer and self._rebuild_owed:
-            # Loaded by a reader over a damaged snapshot (rebuilt in memory only): reload under
-            # the lock, so the writer quarantines it and records registry_rebuilt.
-            self._drop_state()
-        if self._state is not None and self._fd < 0:
-            # A reader that found no journal yet: look again (a writer may have created it).
-            self._drop_state()
-        if self._state is not None:
-            if self._lock.generation() != self._generation:
-                # Replaced (doctor --fix) or cut back (a failed write undone, a torn tail
-                # repaired): start again from disk.
-                self._drop_state()
-            elif os.pread(self._fd, 1, self._offset) in (b"", b"\0"):
-                return self._state  # nothing new: EOF or the preallocated (zero) space
-        if self._state is None:
-            self._load(writer=writer)
-            assert self._state is not None
-            if self._fd < 0:  # no journal yet: nothing to read (readers never create one)
-                return self._state
-        self._consume(writer=writer)
-        return self._state
-
-    def _drop_state(self) -> None:
-        if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-        self._fd = -1
-        self._state = None
-        self._offset = 0
-        self._padding_checked = False
-        self._rebuild_owed = False
-
-    def _load(self, *, writer: bool) -> None:
-        self._rebuild_owed = False
-        snap_exists = os.path.lexists(self.snapshot_path)
-        if not self._open_journal(create=False):
-            if snap_exists or self._lock.generation() > 0:
-                raise RegistryCorrupt(
-                    str(self.journal_path),
-                    "the journal is missing, but this registry had one"
-                    + (" and a snapshot exists" if snap_exists else ""),
-                    hint="Run `fleetclaims doctor --fix` to start a new journal from the snapshot.",
-                )
-            if not writer:
-                self._state = State()
-                self._offset = 0
-                return
-            self._create_journal()
-            return
-        if writer and not self._swept_temps:
-            self._sweep_temp_files()
-        snapshot, problem = read_snapshot(self.snapshot_path) if snap_exists else (None, None)
-        if snapshot is not None:
-            problem = anchor_problem(self._fd, snapshot)
-            if problem is None:
-                self._state = snapshot.state
-                self._offset = self._snap_offset = snapshot.offset
-                self._snap_size = snapshot.size
-                return
-        self._state = State()
-        self._offset = 0
-        self._snap_offset = self._snap_size = 0
-        if problem is None:
-            return
-        # A bad snapshot: rebuild from the journal (readers in memory, writers on disk too).
-        self._consume(writer=False)
-        if snapshot is not None and snapshot.state.seq > self._state.seq:
-            raise RegistryCorrupt(
-                str(self.journal_path),
-                f"the snapshot is at seq {snapshot.state.seq} but the journal ends at seq "
-                f"{self._state.seq}: acknowledged events are missing from the journal",
-                hint="Run `fleetclaims doctor --fix`: it keeps the verified journal, re-records "
-                "the snapshot's claims, and quarantines both originals.",
-            )
-        if writer:
-            self._rebuild_snapshot(problem)
-        else:
-            self._rebuild_owed = True
-
-    def _consume(self, *, writer: bool) -> None:
-        """Apply complete journal lines after our offset; repair a torn tail when writing."""
-        state = self._state
-        assert state is not None
-        path = str(self.journal_path)
-        reader = self._reader  # (kept between catch-ups: building one costs the hot path)
-        if reader is None or reader.fd != self._fd:
-            reader = self._reader = JournalReader(self._fd, path, chunk_size=CATCH_UP_CHUNK)
-        reader.offset, reader.seq, reader.prev = self._offset, state.seq, state.head
-        while True:
-            offset = self._offset
-            try:
-                for offset, _, event in reader.events():
-                    apply_checked(state, event, offset, path)
-            finally:
-                # Our offset is the end of the last line applied: the reader's, unless the
-                # apply of the line at ``offset`` failed (it sets the seq last).
-                self._offset = reader.offset if state.seq == reader.seq else offset
-            if reader.damage is not None:
-                raise reader.corrupt()
-            if reader.torn:
-                # Only a partial line followed by nothing but unused space is a torn tail;
-                # bytes beyond a run of zeros mean the file was damaged mid-way. (A reader
-                # seeing bytes right after it sees a writer finishing that line.)
-                junk = reader.junk()
-                if junk is not None and (writer or junk != reader.data_end):
-                    raise reader.corrupt(reader.junk_damage(junk))
-                if writer:
-                    self._repair_tail(reader.offset, reader.torn)
-                return
-            if self._padding_checked:
-                return
-            # Once per load: the data ends at the first NUL byte, and everything after it must
-            # be unused space; lines beyond a run of zeros would otherwise be silently ignored.
-            junk = reader.junk()
-            if junk is None:
-                self._padding_checked = True
-                return
-            if junk != self._offset or writer:
-                raise reader.corrupt(reader.junk_damage(junk))
-            # A writer appended while we looked: read on.
-
     # --- writing -----------------------------------------------------------------------------
 
     def _create_journal(self) -> None:
@@ -457,14 +278,13 @@ class FileStore:
         data, sealed = seal_events(events, state.seq, state.head, ts)
         start = self._offset
         try:
-            if time.monotonic() - self._last_write < rest.IDLE:
-                # Busy: keep zero-filled space ahead (a one-shot write just extends the file).
-                if not self._padded:
-                    self._padded = True
+            if self._rest.busy():
+                # Keep zero-filled space ahead (a one-shot write just extends the file).
+                if not self._rest.padded:
+                    self._rest.padded = True
                     rest.share_padding(self._fd)
                 self._alloc = preallocate(self._fd, self._alloc, start + len(data),
                                           sync=self.sync)
-            self._last_write = time.monotonic()
             write_at(self._fd, data, start)
             crash_point("journal.after_write")
             if self.sync and sync:
@@ -532,28 +352,7 @@ class FileStore:
         tail = self._offset - self._snap_offset
         if tail > max(CHECKPOINT_MIN_TAIL, self._snap_size // CHECKPOINT_DIVISOR):
             return True
-        # While busy, claims.json lags the head by at most ~IDLE seconds: once a second, unless
-        # another writer checkpointed within that second.
-        now = time.monotonic()
-        if not self._snap_mono:  # (a one-shot write leaves this to settle)
-            self._snap_mono = now
-        if tail <= 0 or now - self._snap_mono < rest.IDLE:
-            return False
-        self._snap_mono = now
-        try:
-            return time.time() - os.stat(self.snapshot_path).st_mtime >= rest.IDLE
-        except OSError:
-            return True
-
-    def _wrote(self) -> None:
-        """After a write: the idle keeper settles this handle once it has been quiet."""
-        self._dirty = True
-        keeper = self._keeper
-        if keeper is not None and keeper.pid == self._pid:
-            keeper.touch()
-            return
-        self._keeper = rest.IdleKeeper(self)
-        rest.settle_at_exit(self)
+        return tail > 0 and self._rest.checkpoint_late(str(self.snapshot_path))
 
     def _late_checkpoint(self) -> None:
         """In a settle child: catch up with what others wrote meanwhile, then checkpoint."""
@@ -567,27 +366,24 @@ class FileStore:
         if not self._mutex.acquire(blocking=wait):
             return
         try:
+            at = self._rest
             if (self._poisoned is not None or self._pid != os.getpid() or self._fd < 0
-                    or self._state is None or not self._dirty):
+                    or self._state is None or not at.dirty):
                 return  # (a handle that only read leaves the files as they are)
-            if time.monotonic() - self._last_write < rest.IDLE and not wait:
+            if not (wait or at.quiet()):
                 return  # written meanwhile: the keeper tries again later
             with self._lock.held():
                 self._catch_up(writer=True)
-                owed = self._refusals.take()
-                self._refusals.forget()
+                owed = at.refusals.take()
                 if owed:
                     self._append(owed, self.clock.now().wall, sync=False)
-                if self._padded or self._alloc > self._offset:
-                    if rest.trim_padding(self._fd, self._offset):
-                        self._alloc = self._offset
-                    self._padded = False
-            self._last_write = -1e9  # the next write starts unpadded (one-shot)
-            self._dirty = False
+                if (at.padded or self._alloc > self._offset) and rest.trim_padding(
+                        self._fd, self._offset):
+                    self._alloc = self._offset
+            at.settled()
             if self._offset > self._snap_offset:
-                if defer and self._keeper is not None:
-                    self._keeper.stop(join=True)  # (a settle child is forked only alone)
-                    self._keeper = None
+                if defer:
+                    at.stop(join=True)  # (a settle child is forked only without threads)
                 if not (defer and self._snap_size >= rest.DEFER_MIN and rest.fork_settler(
                         self._lock.fd, str(self.journal_path), (self._fd, self._lock.fd),
                         self._late_checkpoint)):
@@ -644,34 +440,6 @@ class FileStore:
                     self._checkpoint()
             except OSError as exc:
                 raise self._io_failure("checkpointing the registry", exc) from exc
-
-    # --- reading events ----------------------------------------------------------------------
-
-    def iter_events(self, after: int = 0) -> Iterator[dict[str, Any]]:
-        with self._mutex:
-            state = self.read()
-            end = self._offset
-            if self._fd < 0 or after >= state.seq:
-                return iter(())
-            fd = os.dup(self._fd)
-        return events_after(fd, str(self.journal_path), after, end)
-
-    def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
-        with self._mutex:
-            try:
-                self._ensure_open()
-                fd = fsutil.open_file(self.journal_path, os.O_RDONLY)
-            except FileNotFoundError:
-                return VerifyReport(True, 0, 0, "0" * 64, None, anchor_ok=None)
-            except OSError as exc:
-                raise DurabilityError("opening the journal to verify it", self.location,
-                                      exc) from exc
-        try:
-            snapshot, problem = read_snapshot(self.snapshot_path)
-            return verify_fd(fd, str(self.journal_path), progress=progress, snapshot=snapshot,
-                             snapshot_problem=problem)
-        finally:
-            os.close(fd)
 
     # --- migration and repair ----------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from gitremote import git, git_daemon, registry_dir, remote_with_clones
 
 from fleetclaims import Registry
 from fleetclaims.cli import main
-from fleetclaims.core.errors import ClaimConflict, NotHolder, RemoteUnavailable
+from fleetclaims.core.errors import ClaimConflict, NotHolder, RemoteRewritten, RemoteUnavailable
 from fleetclaims.sync.remote_lease import lease_ref
 from fleetclaims.testing import FakeClock
 
@@ -109,6 +109,23 @@ def test_a_parked_remote_claim_still_expires_on_the_remote(tmp_path: Path) -> No
         rb.claim("t", owner="bob", ttl=60, remote="origin")
     clock.advance(DEFAULT_MAX_PARK)
     assert rb.claim("t", owner="bob", ttl=60, remote="origin").fence > c.fence
+
+
+def test_an_unreadable_remote_lease_is_a_typed_refusal(tmp_path: Path) -> None:
+    """A lease ref whose commit holds no readable lease (hand-made, another tool's) is
+    RemoteRewritten, never a traceback nor a free task; nothing is claimed here."""
+    bare, (a,) = remote_with_clones(tmp_path, 1)
+    blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=bare, check=True,
+                          input='{"state": "held", "fence": "7"}', capture_output=True,
+                          text=True).stdout.strip()
+    tree = subprocess.run(["git", "mktree"], cwd=bare, check=True, capture_output=True,
+                          text=True, input=f"100644 blob {blob}\tlease.json\n").stdout.strip()
+    git("update-ref", lease_ref("t"), git("commit-tree", tree, "-m", "junk", cwd=bare),
+        cwd=bare)
+    ra = Registry(registry_dir(a))
+    with pytest.raises(RemoteRewritten, match="no readable lease"):
+        ra.claim("t", owner="alice", remote="origin")
+    assert ra.get("t") is None
 
 
 def test_offline_remote_claim_changes_nothing(tmp_path: Path) -> None:

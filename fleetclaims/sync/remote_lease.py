@@ -26,7 +26,13 @@ import orjson
 from ..core import events as ev
 from ..core import rules, validate
 from ..core.chain import token_hash
-from ..core.errors import ClaimConflict, NotHolder, RemoteUnavailable, ValidationError
+from ..core.errors import (
+    ClaimConflict,
+    NotHolder,
+    RemoteRewritten,
+    RemoteUnavailable,
+    ValidationError,
+)
 from ..core.model import UNKNOWN_VERDICT, Claim, Now
 from ..core.rules import Decision
 from ..core.state import State
@@ -49,10 +55,10 @@ class RemoteLeases:
     """The remote leases of one registry's repository on one remote."""
 
     def __init__(self, reg: Registry, remote: str | None) -> None:
-        if reg.store.capabilities.kind == "postgres":
-            raise ValidationError("remote", "a PostgreSQL registry holds one lease per task for "
-                                  "every machine already; remote leases are for file registries",
-                                  value=remote)
+        kind = reg.store.capabilities.kind
+        if kind != "file":  # PostgreSQL holds one lease per task for every machine already
+            raise ValidationError("remote", f"remote leases are for a file registry in a git "
+                                  f"repository, not a {kind} one", value=remote)
         self.reg = reg
         self.git = Git(repository_of(reg.location))
         self.remote = remote or self.git.default_remote()
@@ -122,11 +128,11 @@ class RemoteLeases:
         try:
             commit = self.swap(task, old, document(mine, HELD, state.origin, now.wall))
         except RemoteUnavailable:
-            self._undo(task, raw, mine, "the remote became unreachable")
+            self._undo(task, mine, "the remote became unreachable")
             raise
         if commit is None:
             _, lease = self.read(task)
-            self._undo(task, raw, mine, "another machine's swap landed first")
+            self._undo(task, mine, "another machine's swap landed first")
             raise self._conflict(task, lease)
         self.record(task, "claimed", mine.owner, mine.fence, commit,
                     expires_at=mine.expires_at)
@@ -157,10 +163,10 @@ class RemoteLeases:
         self.record(task, action, claim.owner, claim.fence, commit, expires_at=claim.expires_at)
         return result
 
-    def _undo(self, task: str, raw: str, mine: Claim, why: str) -> None:
+    def _undo(self, task: str, mine: Claim, why: str) -> None:
+        """The grant never reached the remote: release it here, and say why."""
         self.reg._run(lambda s, now: rules.decide_release(s, task, mine.token_hash, now))
         self.record(task, "lost", mine.owner, mine.fence, None, reason=why)
-        del raw  # the token dies here: the grant never reached the remote
 
     def _conflict(self, task: str, lease: dict[str, Any] | None) -> ClaimConflict:
         lease = lease or {}
@@ -188,11 +194,23 @@ def document(claim: Claim, state: str, origin: str, now: float) -> dict[str, Any
 
 
 def read_lease(git: Git, commit: str) -> dict[str, Any] | None:
+    """The lease document of a lease commit, checked; None when it is not one (no
+    lease.json, not JSON, a field missing or of the wrong type)."""
     names = git.ls_tree(commit)
     if "lease.json" not in names:
         return None
-    data = orjson.loads(git.read_blobs([names["lease.json"]])[0])
-    return data if isinstance(data, dict) else None
+    try:
+        data = orjson.loads(git.read_blobs([names["lease.json"]])[0])
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or data.get("state") not in (HELD, RELEASED, COMPLETED):
+        return None
+    fence, expires = data.get("fence"), data.get("expires_at")
+    if not (type(fence) is int and fence >= 0 and isinstance(data.get("owner"), str)
+            and isinstance(data.get("token_hash"), str)
+            and (expires is None or type(expires) in (int, float))):
+        return None
+    return data
 
 
 def fetch_lease(git: Git, remote: str, task: str) -> tuple[str | None, dict[str, Any] | None]:
@@ -208,7 +226,10 @@ def fetch_lease(git: Git, remote: str, task: str) -> tuple[str | None, dict[str,
         sha = git.rev(local)
         if sha is None:
             return None, None
-    return sha, read_lease(git, sha)
+    lease = read_lease(git, sha)
+    if lease is None:  # fail closed: a ref we cannot read is nobody's to take
+        raise RemoteRewritten(remote, ref, f"its commit {sha[:12]} holds no readable lease")
+    return sha, lease
 
 
 def remote_lease(git: Git, remote: str, task: str) -> dict[str, Any] | None:

@@ -71,7 +71,9 @@ def build(path: Path) -> tuple[list[dict[str, Any]], float]:
     w = r.claim("lint", owner="agent-b", ttl=30, take_stale=True)
     r.release("lint", token=tok(w))
     r.reopen("build/x", reason="flaky, again")
-    r.claim("test", owner="agent-c", ttl=300)  # still held at generated_at
+    t = r.claim("test", owner="agent-c", ttl=300, paths=["tests/**"])  # held at generated_at
+    r.reserve("test", token=tok(t), paths=["conftest.py"])
+    r.unreserve("test", token=tok(t), paths=["conftest.py"])
     c.t += 50
     evs = [e.data for e in r.events(limit=100000).events]
     r.close()

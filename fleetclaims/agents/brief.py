@@ -25,7 +25,7 @@ def _entry(c: Claim, now: float, stale: str | None) -> dict[str, Any]:
              and left < c.ttl * RENEW_AT)
     return {"task": c.task, "owner": c.owner, "fence": c.fence, "phase": c.phase,
             "expires_in": left, "ttl": c.ttl, "note": c.note, "stale": stale,
-            "renew_now": renew}
+            "renew_now": renew, "paths": list(c.paths), "shared_paths": list(c.shared_paths)}
 
 
 def build(reg: Registry, owner: str | None, now: float, *, tools: bool = False,
@@ -100,6 +100,9 @@ def render(doc: dict[str, Any]) -> str:
                     when += " - RENEW NOW"
             note = f' "{e["note"]}"' if e["note"] else ""
             lines.append(f"  {e['task']}{who} (fence {e['fence']}, {e['phase']}) {when}{note}")
+            if e.get("paths") or e.get("shared_paths"):  # files the claim reserved (#23)
+                shared = [f"{p} (shared)" for p in e.get("shared_paths") or []]
+                lines.append(f"    paths: {', '.join([*e.get('paths', []), *shared])}")
         if len(entries) > SHOWN:
             lines.append(f"  ... and {len(entries) - SHOWN} more ({more_claims})")
 

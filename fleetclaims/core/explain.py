@@ -52,6 +52,12 @@ def describe(e: dict[str, Any]) -> str:
         text = f"{owner} claimed it (fence {fence}, {_ttl(e)}, priority {e.get('priority')})"
         if e.get("reason"):
             text += f"; reason: {e['reason']}"
+    elif kind == ev.CLAIM_REJECTED and str(e.get("reason")).startswith("paths overlap"):
+        text = f"{owner} was refused: {e.get('reason')} (fence {fence})"  # core/reserve.py
+    elif kind in (ev.PATHS_RESERVED, ev.PATHS_RELEASED):
+        verb = "reserved" if kind == ev.PATHS_RESERVED else "released the reservation of"
+        text = (f"{owner} {verb} {', '.join(map(str, e.get('changed') or []))} (fence "
+                f"{fence}); now {_paths(e) or 'none'}")
     elif kind == ev.CLAIM_REJECTED and e.get("holder") is None:
         text = f"{owner} was refused: {e.get('reason')}"  # a queued task not ready yet
     elif kind == ev.CLAIM_REJECTED:
@@ -106,7 +112,15 @@ def describe(e: dict[str, Any]) -> str:
                                      else f" ({after} was completed)" if after else "")
     else:  # the schema's one-line narration (its type name for an unknown type)
         text = ev.narrate(e)
+    if kind in ev.GRANTS and (e.get("paths") or e.get("shared_paths")):
+        text += f"; reserving {_paths(e)}"
     return prefix + text
+
+
+def _paths(e: dict[str, Any]) -> str:
+    """An event's reservations: exclusive patterns, then shared ones marked so."""
+    return ", ".join([*map(str, e.get("paths") or []),
+                      *(f"{p} (shared)" for p in e.get("shared_paths") or [])])
 
 
 def explain(task: str, events: list[dict[str, Any]]) -> Explanation:

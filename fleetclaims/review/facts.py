@@ -26,6 +26,7 @@ MARKER_KINDS: dict[str, str] = {
     ev.CLAIM_PREEMPTED: "preempted", ev.CLAIM_HANDED_OFF: "handed_off",
     ev.CLAIM_COMPLETED: "completed", ev.CLAIM_RELEASED_FORCED: "forced_release",
     ev.CLAIM_SUPERSEDED: "superseded", ev.CLAIM_REOPENED: "reopened",
+    ev.PATHS_RESERVED: "paths_reserved", ev.PATHS_RELEASED: "paths_released",  # a claim's files
 }
 REGISTRY_TYPES = ev.REGISTRY_EVENTS
 _RENEWS = frozenset({ev.LEASE_RENEWED, ev.PHASE_CHANGED})
@@ -167,8 +168,9 @@ def describe(e: Event) -> str:
     if isinstance(e.get("type"), str) and e["type"] in ev.ALL_TYPES:
         lines.append(ev.narrate(e))
     for key in ("task", "owner", "actor", "fence", "prev_owner", "prev_fence", "holder",
-                "loser", "winner", "from_phase", "phase", "reason", "rule", "note"):
-        if (value := e.get(key)) is not None and value != "":
+                "loser", "winner", "from_phase", "phase", "reason", "rule", "note", "paths",
+                "shared_paths", "changed"):
+        if (value := e.get(key)) is not None and value not in ("", []):
             lines.append(f"{key}: {value}")
     return "\n".join(lines)
 

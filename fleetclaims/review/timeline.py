@@ -29,11 +29,12 @@ STATIC_LANES = 120  # lanes in the static SVG; the script shows the rest on dema
 
 # Kinds of marks: "granted" (a bar's start) counts in densities but has no glyph.
 KINDS = ("granted", "rejected", "expired", "recovered", "preempted", "handed_off", "completed",
-         "forced_release", "superseded", "reopened")
+         "forced_release", "superseded", "reopened", "paths_reserved", "paths_released")
 KIND_COLOURS = {"granted": "#90a4ae", "rejected": "#d32f2f", "expired": "#e08a00",
                 "recovered": "#1565c0", "preempted": "#7b1fa2", "handed_off": "#00897b",
                 "completed": "#2e7d32", "forced_release": "#222222", "superseded": "#616161",
-                "reopened": "#66bb6a"}
+                "reopened": "#66bb6a", "paths_reserved": "#5d4037",
+                "paths_released": "#a1887f"}
 
 # Marker glyphs around (0,0), no fonts needed: kind -> (legend label, SVG).
 SYMBOLS: dict[str, tuple[str, str]] = {k: (label, g.replace("'", '"')) for k, label, g in [
@@ -49,7 +50,11 @@ SYMBOLS: dict[str, tuple[str, str]] = {k: (label, g.replace("'", '"')) for k, la
     ("forced_release", "force-released", "<rect x='-4' y='-4' width='8' height='8' fill='#222'/>"),
     ("superseded", "superseded (lost a duplicate)", "<path d='M-5 0L0-5L5 0L0 5Z' fill='#fff' "
      "stroke='#555' stroke-width='2'/>"),
-    ("reopened", "reopened", "<circle r='4.5' fill='#fff' stroke='#2e7d32' stroke-width='2'/>")]}
+    ("reopened", "reopened", "<circle r='4.5' fill='#fff' stroke='#2e7d32' stroke-width='2'/>"),
+    ("paths_reserved", "paths reserved", "<rect x='-4.5' y='-3.5' width='9' height='7' "
+     "fill='#5d4037'/>"),
+    ("paths_released", "paths released", "<rect x='-4.5' y='-3.5' width='9' height='7' "
+     "fill='#fff' stroke='#a1887f' stroke-width='2'/>")]}
 # How a holding ended, as the script's data numbers it: still open, or the ending event's type.
 END_TYPES = ("held", "lapsed", *sorted((facts.END_TYPES | facts.GRANT_TYPES
                                         | {ev.CLAIM_SUPERSEDED}) - {ev.CLAIM_CREATED}))

@@ -232,3 +232,25 @@ def test_sync_outside_a_repository_is_a_typed_refusal(tmp_path: Path,
     assert _events(reg) == before
     with pytest.raises(ValidationError):
         memory_registry().sync("origin")
+
+
+def test_a_remote_that_stops_answering_is_unavailable(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A git:// remote that accepts the connection and never answers: RemoteUnavailable
+    after the network budget, nothing changed (no hang, no GitFailed)."""
+    import socket
+
+    import fleetclaims.sync.gitrefs as gitrefs
+
+    monkeypatch.setattr(gitrefs, "NETWORK_TIMEOUT", 1.0)
+    _, (a,) = remote_with_clones(tmp_path, 1)
+    reg = Registry(registry_dir(a))
+    reg.claim("t", owner="alice")
+    before = _events(reg)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"git://127.0.0.1:{silent.getsockname()[1]}/remote.git"
+        with pytest.raises(RemoteUnavailable, match="no answer within 1 s"):
+            reg.sync(url)
+    assert _events(reg) == before

@@ -54,8 +54,8 @@ class Git:
         self.cwd = cwd
 
     def run(self, args: Sequence[str], *, data: bytes | None = None, check: bool = True,
-            timeout: float = LOCAL_TIMEOUT, env: Mapping[str, str] | None = None
-            ) -> subprocess.CompletedProcess[bytes]:
+            timeout: float = LOCAL_TIMEOUT, env: Mapping[str, str] | None = None,
+            remote: str | None = None) -> subprocess.CompletedProcess[bytes]:
         full_env = dict(os.environ)
         full_env.update(LC_ALL="C", LANGUAGE="C", GIT_OPTIONAL_LOCKS="0")
         if env:
@@ -67,6 +67,8 @@ class Git:
             raise MissingDependency("git", "sharing a registry through a git remote",
                                     "install git (https://git-scm.com)") from None
         except subprocess.TimeoutExpired:
+            if remote is not None:  # a remote that stopped answering is an unavailable one
+                raise RemoteUnavailable(remote, f"no answer within {timeout:g} s") from None
             raise GitFailed(f"git {args[0]}", f"no answer within {timeout:g} s") from None
         if check and done.returncode != 0:
             raise GitFailed(f"git {args[0]}", _last_line(done.stderr))
@@ -169,7 +171,7 @@ class Git:
 
     def ls_remote(self, remote: str, pattern: str) -> dict[str, str]:
         done = self.run(["ls-remote", "--refs", remote, pattern], check=False,
-                        timeout=NETWORK_TIMEOUT, env=_NO_PROMPT)
+                        timeout=NETWORK_TIMEOUT, env=_NO_PROMPT, remote=remote)
         if done.returncode != 0:
             raise RemoteUnavailable(remote, _last_line(done.stderr))
         found = {}
@@ -183,7 +185,7 @@ class Git:
         if prune:
             args.append("--prune")
         done = self.run([*args, remote, *refspecs], check=False, timeout=NETWORK_TIMEOUT,
-                        env=_NO_PROMPT)
+                        env=_NO_PROMPT, remote=remote)
         if done.returncode != 0:
             raise RemoteUnavailable(remote, _last_line(done.stderr))
 
@@ -199,7 +201,7 @@ class Git:
             args.append(f"--force-with-lease={ref}:{old or ''}")
             specs.append(f"{new or ''}:{ref}")
         done = self.run([*args, remote, *specs], check=False, timeout=NETWORK_TIMEOUT,
-                        env=_NO_PROMPT)
+                        env=_NO_PROMPT, remote=remote)
         rejected = []
         for line in done.stdout.decode().splitlines():
             flag, _, rest = line.partition("\t")

@@ -64,6 +64,8 @@ def _isolated_default_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     """No test may touch the repository's own .cache/fleetclaims/ (the default location)."""
     monkeypatch.setenv("FLEETCLAIMS_DIR", str(tmp_path / "default-registry"))
     monkeypatch.delenv("FLEETCLAIMS_URL", raising=False)
+    # (nor the user's anchors: test_honest_history.py tests the real places)
+    monkeypatch.setenv("FLEETCLAIMS_ANCHOR_DIR", str(tmp_path / "anchors"))
 
 
 @pytest.fixture

@@ -124,13 +124,19 @@ def test_audit_verify_detects_tampering(tmp_path: Path, capsys: pytest.CaptureFi
     journal.write_bytes(b"\n".join(lines[:5] + lines[6:]))
     code, out, _ = run_cli(["audit", "verify", "--dir", str(d), "--json"], capsys)
     assert code == 5 and json.loads(out)["seq"] == 6
-    # a truncated file (cut mid-line): the verified prefix is fine, the torn tail is reported
-    # (without the claims.json written at rest, which would be ahead of the cut: real damage)
+    # a torn tail (a writer died mid-append): the verified prefix is fine, the torn tail is
+    # reported, not damage
+    journal.write_bytes(clean + b'{"seq":12,"ts":1.0,"type":"claim_cre')
+    code, out, _ = run_cli(["audit", "verify", "--dir", str(d), "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["torn_tail_bytes"] > 0 and doc["events"] == 11
+    # a truncated file (an acknowledged line cut mid-line): the chain verifies, but the
+    # registry's anchor recorded that line: the store refuses (history lost), so verify fails
     (d / "claims.json").unlink()
     journal.write_bytes(clean[: len(clean) - 30])
     code, out, _ = run_cli(["audit", "verify", "--dir", str(d), "--json"], capsys)
     doc = json.loads(out)
-    assert code == 0 and doc["torn_tail_bytes"] > 0 and doc["events"] == 10
+    assert code == 5 and doc["torn_tail_bytes"] > 0 and "lost" in doc["refused"], doc
 
 
 def test_audit_filters_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -30,9 +30,16 @@ from fc_support import (
 )
 
 import fleetclaims
-from fleetclaims import AuditCorrupt, FleetclaimsError, RegistryCorrupt, UnsafeRegistry
+from fleetclaims import (
+    AuditCorrupt,
+    FleetclaimsError,
+    HistoryLost,
+    RegistryCorrupt,
+    UnsafeRegistry,
+)
 from fleetclaims.core.chain import seal
-from fleetclaims.store.file import doctor
+from fleetclaims.store.file import anchor, doctor
+from fleetclaims.store.file.lock import RegistryLock
 from fleetclaims.store.file.snapshot import encode_snapshot
 
 pytestmark = pytest.mark.integration
@@ -139,6 +146,19 @@ def _reseal_snapshot(d: Path, edit: Callable[[bytes], bytes]) -> bytes:
     return data
 
 
+def _crashed_after(d: Path, b: Base, k: int) -> None:
+    """The mirrors as a writer killed while appending line k leaves them: the anchor and the
+    fence mark in claims.lock record at most the last durable line (they lag, never lead)."""
+    state = replay(b.lines[:k])
+    anchor.record(d, state, force=True)
+    lock = RegistryLock(d / "claims.lock", 0)
+    lock.open()
+    try:
+        lock.mark_fence(state.fence, force=True)
+    finally:
+        lock.close()
+
+
 def _flip(data: bytes, at: int, mask: int = 0x01) -> bytes:
     buf = bytearray(data)
     buf[at] ^= mask
@@ -147,7 +167,7 @@ def _flip(data: bytes, at: int, mask: int = 0x01) -> bytes:
 
 # --- the corpus -------------------------------------------------------------------------------
 # outcome: ("exact",) | ("prefix", k) | ("audit", seq, offset, after_fix) | ("corrupt", after_fix)
-#          | ("unsafe",) | ("verify_only", seq, offset) | ("empty",)
+#          | ("unsafe",) | ("verify_only", seq, offset) | ("empty",) | ("lost", k)
 # after_fix: "exact" or an int k (the state after the first k lines).
 
 
@@ -174,7 +194,7 @@ def case(name: str, *outcome: Any) -> Callable[[Callable[..., Any]], Callable[..
     return wrap
 
 
-@case("journal-empty-no-snapshot", "empty")
+@case("journal-empty-no-snapshot", "lost", 0)
 def _(d: Path, b: Base) -> None:
     _journal(d).write_bytes(b"")
     _snap(d).unlink()
@@ -309,12 +329,13 @@ for _k, _at in ((11, 1), (11, -10), (11, -70), (11, None), (10, 30)):
         def damage(d: Path, b: Base) -> bytes:
             tail = b.lines[k] if cut is None else b.lines[k][:cut]
             _journal(d).write_bytes(b"".join(x + b"\n" for x in b.lines[:k]) + tail)
+            _crashed_after(d, b, k)
             return tail
         return damage
     CASES.append(Case(f"journal-torn-line{_k}-cut{_at}", _make_torn(_k, _at), ("prefix", _k)))
 
 
-@case("journal-last-line-dropped-cleanly", "prefix", 11)
+@case("journal-last-line-dropped-cleanly", "lost", 11)
 def _(d: Path, b: Base) -> None:
     _write_lines(d, b.lines[:11])
 
@@ -530,6 +551,8 @@ def test_corpus_case(case: Case, base: Base, tmp_path: Path) -> None:
     """One damaged registry: the documented outcome, quarantine, and the state recovered."""
     d = tmp_path / "reg"
     shutil.copytree(base.root, d, symlinks=True)
+    # The registry lived here: its anchor (outside the folder) records the undamaged head.
+    anchor.record(d, replay(base.lines), force=True)
     expect_quarantined = case.damage(d, base)
     damaged_journal = _journal(d).read_bytes() if _journal(d).is_file() else None
     kind = case.outcome[0]
@@ -553,6 +576,25 @@ def test_corpus_case(case: Case, base: Base, tmp_path: Path) -> None:
         reg = fleetclaims.Registry(d)
         assert reg.verify().ok and reg.verify().anchor_ok is True
         reg.close()
+    elif kind == "lost":
+        # Lines the anchor recorded are gone: refused (typed, saying what was lost) until
+        # doctor --fix names the loss in the journal; fences then go on above every fence
+        # handed out, and the bytes that are left are kept.
+        for op in (lambda: _state(d), lambda: _write(d)):
+            _assert_typed(op, HistoryLost)
+        assert _journal(d).read_bytes() == damaged_journal, "the damaged journal was rewritten"
+        before = doctor.check(d)
+        assert "history_lost" in before.kinds(), before.to_dict()
+        fixed = doctor.check(d, fix=True)
+        assert fixed.ok, fixed.to_dict()
+        assert doctor.check(d, fix=True).ok  # run twice: converged
+        assert _journal(d).read_bytes().startswith(damaged_journal or b"")
+        state = _state(d)
+        assert _view_without(state) == _expected_view(base, case.outcome[1])
+        assert state.fence >= max(base.fences)
+        _write(d)
+        assert _state(d).fence == max(base.fences) + 1  # no fence handed out twice
+        assert doctor.check(d).ok
     elif kind == "audit":
         _, seq, offset, after_fix = case.outcome
         offset = base.offsets[base.n if offset == "end" else offset]  # given as a line index

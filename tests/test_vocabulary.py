@@ -31,7 +31,8 @@ NOT_ON_CLI = {
 }
 
 #: subcommands that are not Registry methods: tools around the registry.
-CLI_ONLY = {"doctor", "audit", "top", "run", "migrate", "db", "mcp", "guard", "hooks", "brief"}
+CLI_ONLY = {"doctor", "init", "audit", "top", "run", "migrate", "db", "mcp", "guard", "hooks",
+            "brief"}
 
 #: Registry methods an agent's MCP server does not offer, and why.
 NOT_ON_MCP = {
@@ -144,7 +145,7 @@ DOCUMENTED_EXIT = {
     "ValidationError": 2, "DependencyCycle": 2,
     "ClaimConflict": 3, "PathConflict": 3, "TaskCompleted": 3, "TaskNotReady": 3,
     "NotHolder": 4, "LeaseExpired": 4, "ClaimSuperseded": 4,
-    "RegistryCorrupt": 5, "AuditCorrupt": 5,
+    "RegistryCorrupt": 5, "AuditCorrupt": 5, "HistoryLost": 5,
     "RemoteUnavailable": 1, "RemoteRewritten": 5, "GitFailed": 1,
 }
 

@@ -1,5 +1,5 @@
-"""CLI commands that look after a registry as a whole: ``doctor``, ``merge``, ``migrate``
-and ``db``."""
+"""CLI commands that look after a registry as a whole: ``doctor``, ``init``, ``merge``,
+``migrate`` and ``db``."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ EXAMPLES = {
     "# repair; damaged bytes go to quarantine/",
     "migrate": "fleetclaims migrate --from .cache/fleetclaims --to postgresql://me@db/claims",
     "db": "fleetclaims db migrate --dir postgresql://me@db/claims",
+    "init": "fleetclaims init\n  fleetclaims init --new-history   # after a deliberate reset",
 }
 
 
@@ -29,6 +30,11 @@ def add_parsers(add: AddParser) -> None:
 
     p = add("doctor", "check the registry files; repair with --fix (never deletes data)")
     p.add_argument("--fix", action="store_true")
+
+    p = add("init", "create the registry here, or start a new history after a lost one")
+    p.add_argument("--new-history", action="store_true",
+                   help="acknowledge a deliberate reset: the old journal and snapshot go to "
+                   "quarantine/ and fences start above every fence recorded before")
 
     p = add("migrate", "copy a registry (claims and the whole audit history) to another store")
     p.add_argument("--from", dest="source", required=True)
@@ -93,6 +99,42 @@ def cmd_doctor(args: argparse.Namespace, out: Out) -> int:
     return EXIT_OK if report.ok else EXIT_DAMAGED
 
 
+def cmd_init(args: argparse.Namespace, out: Out) -> int:
+    from ..location import is_url, resolve
+
+    location = resolve(args.dir)
+    if args.new_history:
+        if is_url(location):
+            raise ValidationError("--new-history", "is for file registries")
+        from pathlib import Path
+
+        from ..store.file.doctor_history import new_history
+
+        done = new_history(Path(location))
+        if out.json:
+            out.doc({"registry": location, **done})
+        else:
+            out.line(f"new history {done['origin']} at {location}: fences start above "
+                     f"{done['fence_floor']}"
+                     + (f" (previous history {done['previous_origin']})"
+                        if done["previous_origin"] else ""))
+            for name in done["quarantined"]:
+                out.line(f"  kept in quarantine/: {name}")
+        return EXIT_OK
+    from ..core.rules import Decision
+
+    # An empty transaction: creates the registry (its registry_created line) if there is
+    # none; refuses a lost history (HistoryLost) like any write.
+    _, state = registry(args).store.transact(lambda state, now: Decision(()))
+    if out.json:
+        out.doc({"registry": location, "origin": state.origin, "seq": state.seq,
+                 "head": state.head, "fence": state.fence})
+    else:
+        out.line(f"registry {state.origin or '(new)'} at {location}: seq {state.seq}, "
+                 f"fence {state.fence}")
+    return EXIT_OK
+
+
 def cmd_migrate(args: argparse.Namespace, out: Out) -> int:
     from .._open import require_registry
     from ..location import is_url, resolve
@@ -126,5 +168,6 @@ def cmd_db(args: argparse.Namespace, out: Out) -> int:
 
 
 COMMANDS: dict[str, Handler] = {
-    "merge": cmd_merge, "doctor": cmd_doctor, "migrate": cmd_migrate, "db": cmd_db,
+    "merge": cmd_merge, "doctor": cmd_doctor, "init": cmd_init, "migrate": cmd_migrate,
+    "db": cmd_db,
 }

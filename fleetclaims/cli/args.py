@@ -135,10 +135,14 @@ def reader(args: argparse.Namespace, **extra: Any) -> Registry:
     location = resolve(None)  # FLEETCLAIMS_URL, FLEETCLAIMS_DIR, git repository, user state
     if is_url(location) or os.path.isdir(location):
         return registry(args, **extra)
+    from pathlib import Path
+
     from ..api import Registry
+    from ..store.file.anchor import check_vanished
     from ..store.memory import MemoryStore
     from ..system import SystemClock
 
+    check_vanished(Path(location))  # not a first run when a registry lived here (git clean)
     return Registry(store=MemoryStore(clock=SystemClock(), location=location))
 
 

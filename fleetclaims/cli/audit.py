@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..core.durations import format_duration, iso, parse_instant
-from ..core.errors import ValidationError
+from ..core.errors import FleetclaimsError, ValidationError
 from .args import AddParser, Handler, reader
 from .output import EXIT_DAMAGED, EXIT_OK, print_events, write_private
 
@@ -39,8 +39,10 @@ def add_parsers(add: AddParser) -> None:
     p.add_argument("task")
 
     p = add("audit", "review the audit log: filter, follow, verify, export, report")
-    p.add_argument("action", nargs="?", choices=("list", "verify", "export", "report"),
-                   default="list")
+    p.add_argument("action", nargs="?",
+                   choices=("list", "verify", "export", "report", "anchor"), default="list")
+    p.add_argument("--anchor", metavar="SEQ:HASH",
+                   help="verify: prove the journal still holds this head (from `audit anchor`)")
     p.add_argument("--task")
     p.add_argument("--owner")
     p.add_argument("--type", action="append", dest="types")
@@ -116,8 +118,13 @@ def cmd_audit(args: argparse.Namespace, out: Out) -> int:
     if args.html is not None and args.action != "report":
         raise ValidationError("--html", f"belongs to `audit report` (not `audit {args.action}`): "
                               f"fleetclaims audit report --html {args.html}")
+    if args.anchor is not None and args.action != "verify":
+        raise ValidationError("--anchor", "belongs to `audit verify`: fleetclaims audit verify "
+                              f"--anchor {args.anchor}")
     if args.action == "verify":
         return _audit_verify(args, out)
+    if args.action == "anchor":
+        return _audit_anchor(args, out)
     reg = reader(args)
     filters = _audit_filters(args)
     if args.action == "export":
@@ -203,7 +210,51 @@ def _all_events(reg: Registry, after: int, filters: dict[str, Any]) -> list[dict
         cursor = page.next_cursor
 
 
+def _audit_anchor(args: argparse.Namespace, out: Out) -> int:
+    """The head (seq, hash) to record elsewhere (a commit trailer, a ticket)."""
+    state = reader(args).store.read()
+    if out.json:
+        out.doc({"seq": state.seq, "head": state.head, "origin": state.origin,
+                 "fence": state.fence, "anchor": f"{state.seq}:{state.head}"})
+    else:
+        out.line(f"{state.seq}:{state.head}")
+    return EXIT_OK
+
+
+def _parse_anchor(text: str) -> tuple[int, str]:
+    seq, sep, digest = text.partition(":")
+    if not (sep and seq.isdigit() and len(digest) == 64
+            and all(c in "0123456789abcdef" for c in digest)):
+        raise ValidationError("--anchor", "must be SEQ:HASH as `fleetclaims audit anchor` "
+                              "prints it (a seq, a colon, 64 hex digits)", value=text)
+    return int(seq), digest
+
+
+def _anchor_held(reg: Any, seq: int, digest: str) -> str | None:
+    """Why the journal does not hold line ``seq`` with hash ``digest``, or None."""
+    if seq == 0:
+        return None if digest == "0" * 64 else "seq 0 has no hash but the genesis"
+    for event in reg.store.iter_events(after=seq - 1):
+        if event.get("seq") != seq:
+            break
+        if event.get("hash") == digest:
+            return None
+        return f"line {seq} has hash {str(event.get('hash'))[:16]}…, not {digest[:16]}…"
+    return f"the journal does not reach seq {seq}"
+
+
+def _store_refusal(reg: Any) -> str | None:
+    """Why the store would refuse to work (a lost history, a sealed line that cannot be
+    applied, a journal missing), or None: verify fails whenever the store would."""
+    try:
+        reg.store.read()
+    except FleetclaimsError as exc:
+        return str(exc)
+    return None
+
+
 def _audit_verify(args: argparse.Namespace, out: Out) -> int:
+    wanted = None if args.anchor is None else _parse_anchor(args.anchor)
     reg = reader(args)
     show = sys.stderr.isatty() and not out.json
 
@@ -217,14 +268,27 @@ def _audit_verify(args: argparse.Namespace, out: Out) -> int:
     elapsed = time.perf_counter() - started
     if show:
         sys.stderr.write("\n")
+    refusal = _store_refusal(reg) if report.ok else None
+    missing = None if wanted is None or not report.ok else _anchor_held(reg, *wanted)
     if out.json:
-        out.doc({"ok": report.ok, "events": report.events, "bytes": report.bytes,
+        out.doc({"ok": report.ok and refusal is None and missing is None,
+                 "events": report.events, "bytes": report.bytes,
                  "head": report.head, "error": report.error, "seq": report.seq,
                  "offset": report.offset, "snapshot_anchored": report.anchor_ok,
-                 "torn_tail_bytes": report.torn_tail, "seconds": round(elapsed, 3)})
+                 "torn_tail_bytes": report.torn_tail, "seconds": round(elapsed, 3),
+                 "refused": refusal, "anchor": args.anchor,
+                 "anchor_held": None if wanted is None else missing is None,
+                 "anchor_problem": missing})
     else:
         _print_verify(out, report, elapsed)
-    if not report.ok or report.anchor_ok is False:
+        if refusal is not None:
+            out.line(out.paint("DAMAGED", "31;1") + f": the chain verifies but the registry "
+                     f"refuses to work: {refusal}")
+        if wanted is not None and report.ok:
+            out.line(f"anchor {wanted[0]}:{wanted[1][:16]}…: " + (
+                "held by the journal" if missing is None else out.paint("NOT HELD", "31;1")
+                + f": {missing}"))
+    if not report.ok or report.anchor_ok is False or refusal is not None or missing:
         return EXIT_DAMAGED
     return EXIT_OK
 

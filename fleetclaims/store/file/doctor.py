@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...core.errors import FleetclaimsError, RegistryCorrupt
+from ...core.errors import FleetclaimsError, HistoryLost, RegistryCorrupt
 from ...core.ports import ClaimView
 from ...system import SystemClock
 from . import doctor_history, fsutil
@@ -136,6 +136,8 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
             store = FileStore(path, clock=SystemClock(), lock_timeout=30.0)
             try:
                 store.checkpoint()
+            except HistoryLost:
+                pass  # reported: nothing of this registry's to restore (init --new-history)
             finally:
                 store.close()
     finally:

@@ -13,7 +13,9 @@ fence mark in claims.lock, and, with --fix, acknowledge what is lost in the jour
 from __future__ import annotations
 
 import os
+import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +25,7 @@ from . import anchor, fsutil
 from .faults import osc
 from .journal import seal_events, write_at
 from .lock import FENCE_OFFSET, FENCE_SIZE, RegistryLock
-from .store import JOURNAL, LOCK
+from .store import JOURNAL, LOCK, SNAPSHOT
 
 if TYPE_CHECKING:
     from .doctor import DoctorReport
@@ -59,7 +61,7 @@ def check(path: Path, journal: JournalScan, snapshot: Snapshot | None,
     act on it (a cut journal, or a foreign one with our snapshot to restore from)."""
     found = anchor.read(path)
     if not journal.exists:
-        if found is not None and snapshot is None:
+        if found is not None and snapshot is None and "journal_missing" not in report.kinds():
             report.add(KIND, f"the registry's journal and snapshot are gone (registry "
                        f"{found.origin} had reached seq {found.seq}, fence {found.fence}, as its "
                        f"anchor {found.path} records): nothing is left to restore; run "
@@ -132,3 +134,52 @@ def _append(path: Path, lock: RegistryLock, state: State, at: int,
     lock.bump_generation()  # every handle reloads (and meets the break)
     for obj in sealed:
         ev.apply(state, obj)
+
+
+def new_history(path: Path) -> dict[str, Any]:
+    """``fleetclaims init --new-history``: a deliberate reset. Whatever journal and snapshot
+    are here are moved to quarantine/ (never deleted); a new journal starts with a
+    registry_created above every fence recorded anywhere (anchor, claims.lock, and every fence
+    written in the old bytes, sealed or not); the anchor then follows the new history."""
+    from .salvage import highest_fence
+
+    fsutil.check_directory(path, create=True)
+    lock = RegistryLock(path / LOCK, timeout=30.0)
+    lock.open()
+    try:
+        with lock.held():
+            found = anchor.read(path)
+            floor = max(lock.fence_mark(), found.fence if found is not None else 0)
+            quarantined = []
+            for name in (JOURNAL, SNAPSHOT):
+                if os.path.lexists(path / name):
+                    if name == JOURNAL:
+                        floor = max(floor, _highest_in(path / name, highest_fence))
+                    quarantined.append(fsutil.quarantine_file(
+                        path, path / name, "init --new-history: the previous history").name)
+            event: dict[str, Any] = {
+                "type": ev.REGISTRY_CREATED, "actor": "fleetclaims",
+                "origin": secrets.token_hex(8), "fence_floor": floor,
+                "reason": "init --new-history: a deliberate reset"}
+            if found is not None:
+                event["previous_origin"] = found.origin
+            state = State()
+            fd = fsutil.open_file(path / JOURNAL, os.O_RDWR | os.O_EXCL, create=True)
+            os.close(fd)
+            fsutil.fsync_dir(path)
+            _append(path, lock, state, 0, [event])
+            anchor.record(path, state, force=True)
+            lock.mark_fence(state.fence, force=True)
+    finally:
+        lock.close()
+    return {"origin": state.origin, "seq": state.seq, "head": state.head,
+            "fence_floor": floor, "previous_origin": event.get("previous_origin"),
+            "quarantined": quarantined}
+
+
+def _highest_in(journal: Path, highest: Callable[[bytes], int]) -> int:
+    top = 0
+    with open(journal, "rb") as f:
+        for line in f:  # (by line: a number is never cut in two)
+            top = max(top, highest(line))
+    return top

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import itertools
 import os
+import re
 import secrets
 import time
 from collections.abc import Iterable, Iterator
@@ -199,8 +200,13 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
             lines.add(_record_lost(journal, carried, fence_floor, original, report))
         carried = []  # (can be every claim: let them go)
         if not journal.exists and recovered is None:
+            from . import anchor  # keep the registry's identity and its fences (#16)
+
+            known = anchor.read(path)
             lines.add({
-                "type": ev.REGISTRY_REBUILT, "actor": "doctor", "origin": secrets.token_hex(8),
+                "type": ev.REGISTRY_REBUILT, "actor": "doctor",
+                "origin": known.origin if known is not None else secrets.token_hex(8),
+                "fence_floor": max(known.fence if known is not None else 0, state.fence),
                 "reason": "the journal was missing and no snapshot could restore it: a new "
                 "journal starts here; claims held before are not known to this registry",
                 "claims": [],
@@ -375,6 +381,7 @@ def _carry_forward(state: State, lost: Iterable[bytes]) -> tuple[list[Claim], in
     for raw in lost:
         if not raw:
             continue
+        fence = max(fence, highest_fence(raw))  # also of lines that fail their seal
         try:
             unseal(raw)
             event = orjson.loads(raw)
@@ -384,10 +391,6 @@ def _carry_forward(state: State, lost: Iterable[bytes]) -> tuple[list[Claim], in
         if not isinstance(event, dict):
             skipped.append(None)
             continue
-        if isinstance(event.get("fence"), int) and not isinstance(event.get("fence"), bool):
-            fence = max(fence, event["fence"])
-        if isinstance(event.get("fence_floor"), int):
-            fence = max(fence, event["fence_floor"])
         grant = event.get("fence")
         if event.get("type") in ev.GRANTS and type(grant) is int and grant > replayed.fence:
             # Across the break the fences jump (the damaged lines held the grants between):
@@ -400,6 +403,15 @@ def _carry_forward(state: State, lost: Iterable[bytes]) -> tuple[list[Claim], in
             skipped.append(event.get("seq"))
     changed = [c for c in replayed.claims.values() if state.claims.get(c.task) != c]
     return changed, fence, {"applied": applied, "skipped": skipped}
+
+
+_FENCE_RE = re.compile(rb'"(?:fence|fence_floor|prev_fence|loser_fence)"\s*:\s*(\d{1,18})')
+
+
+def highest_fence(raw: bytes) -> int:
+    """The highest fence number written in ``raw``, parsed or not (a line that fails its seal,
+    a pretty-printed or damaged one): a repair starts above every fence ever handed out."""
+    return max((int(m) for m in _FENCE_RE.findall(raw)), default=0)
 
 
 def _describe(lines: Iterable[bytes]) -> list[dict[str, Any]]:

@@ -1,0 +1,105 @@
+"""Honest history for the file store: a loaded history is compared with what was recorded
+outside it (the anchor, see anchor.py; the fence mark in claims.lock), so a vanished folder, a
+foreign journal, a journal cut short or a snapshot with a forged fence is refused with
+``HistoryLost`` instead of handing out fences again.
+
+``History`` sits between ``CatchUp`` (loading and catching up) and ``FileStore`` (writing): it
+checks once per load, never per operation, and marks the anchor after each checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from ...core.errors import HistoryLost, RegistryCorrupt
+from ...core.state import State
+from . import anchor
+from .catchup import CatchUp
+from .snapshot import read_snapshot
+
+
+class History(CatchUp):
+    _history_owed = False
+
+    def _load(self, *, writer: bool) -> None:
+        if (self._lock.generation() == 0 and not os.path.lexists(self.journal_path)
+                and not os.path.lexists(self.snapshot_path)):
+            # Nothing here and a fresh lock file: a new registry, unless one lived here.
+            anchor.check_vanished(self.directory)
+        try:
+            super()._load(writer=writer)
+        except RegistryCorrupt:
+            # (e.g. "the snapshot is ahead of the journal": say so when the journal is another
+            # registry's rather than ours cut short)
+            if self._state is not None:
+                self._check_origin()
+            raise
+        self._history_owed = True
+
+    def _consume(self, *, writer: bool) -> None:
+        super()._consume(writer=writer)
+        if self._history_owed:  # the first catch-up of a load reached the journal's end
+            self._history_owed = False
+            self._check_history(writer=writer)
+
+    def _check_history(self, *, writer: bool = False) -> None:
+        state = self._state
+        assert state is not None
+        mark = self._lock.fence_mark()
+        found = anchor.read(self.directory)
+        reason = anchor.problem(state, found, mark)
+        if reason is None:
+            return
+        floor = max(mark, found.fence if found is not None else 0)
+        if self._snap_offset > 0 and state.fence < floor and self._replay_alone(writer, floor):
+            return  # the snapshot's fence was forged (or stale): the journal holds the grants
+        raise anchor.lost(self.directory, reason, found, mark)
+
+    def _replay_alone(self, writer: bool, floor: int) -> bool:
+        """Load the journal without the snapshot; True when it reaches what was recorded (then
+        the snapshot is quarantined by a writer, or owed to the next one, as any bad one)."""
+        snap_fence = self._state.fence if self._state is not None else 0
+        self._state = State()
+        self._offset = self._snap_offset = self._snap_size = 0
+        super()._consume(writer=False)
+        if anchor.problem(self._state, anchor.read(self.directory), self._lock.fence_mark()):
+            return False
+        problem = (f"the snapshot's fence high-water {snap_fence} is below fence {floor}, "
+                   "recorded in the journal and outside the snapshot")
+        if writer:
+            self._rebuild_snapshot(problem)
+        else:
+            self._rebuild_owed = True
+        return True
+
+    def _before_rebuild(self) -> None:
+        """Before a writer quarantines a snapshot that does not fit the journal: a snapshot of
+        another origin means the journal was replaced, not the snapshot damaged; and the
+        journal must still reach the anchor. (Refused: nothing is quarantined.)"""
+        self._check_origin()
+        self._check_history()
+
+    def _check_origin(self) -> None:
+        """HistoryLost when the snapshot is of another origin than the journal."""
+        state = self._state
+        assert state is not None
+        snapshot, _ = read_snapshot(self.snapshot_path)
+        if snapshot is not None and snapshot.state.origin and state.origin and (
+                snapshot.state.origin != state.origin):
+            raise HistoryLost(
+                str(self.directory),
+                f"the journal belongs to registry {state.origin}, but the snapshot (at seq "
+                f"{snapshot.state.seq}) to {snapshot.state.origin}: another registry's journal "
+                "was put in place of this one's",
+                anchor=str(self.snapshot_path), origin=snapshot.state.origin,
+                seq=snapshot.state.seq, fence=snapshot.state.fence)
+
+    def _after_checkpoint(self) -> None:
+        """Mirror the checkpointed head (durable in the journal already): the fence mark in
+        claims.lock and the anchor outside the folder. Best effort, never on the hot path."""
+        state = self._state
+        assert state is not None
+        with contextlib.suppress(OSError):
+            self._lock.mark_fence(state.fence)
+        anchor.record(self.directory, state)

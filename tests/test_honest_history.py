@@ -1,0 +1,249 @@
+"""Honest history (#16): no cut, forged, foreign or wiped history goes unnoticed, fences never
+go back, and doctor --fix / init --new-history go on above every fence handed out.
+
+Oracle of every case: no fence handed out twice (the next grant is above every fence the old
+history granted), nothing deleted (what is replaced is in quarantine/ or still in the journal).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from fc_support import journal_lines, quarantined, run_python
+
+from fleetclaims import AuditCorrupt, HistoryLost, Registry, RegistryCorrupt
+from fleetclaims.core.chain import seal
+from fleetclaims.store.file import anchor, doctor
+from fleetclaims.store.file.snapshot import encode_snapshot, read_snapshot
+
+pytestmark = pytest.mark.integration
+
+
+def _history(d: Path, n: int = 5) -> int:
+    """A registry with n grants (fences 1..n), closed (checkpointed, mirrored); its top fence."""
+    reg = Registry(d)
+    for i in range(n):
+        reg.claim(f"t{i}", owner="a")
+    reg.close()
+    return n
+
+
+def _cli(d: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, FLEETCLAIMS_DIR=str(d))
+    return subprocess.run([sys.executable, "-m", "fleetclaims", *args], capture_output=True,
+                          text=True, env=env, timeout=60, check=False)
+
+
+def _cut(d: Path, keep: int) -> bytes:
+    lines, _ = journal_lines(d)
+    data = b"".join(line + b"\n" for line in lines[:keep])
+    (d / "audit.jsonl").write_bytes(data)
+    return data
+
+
+def test_cut_tail_without_snapshot_is_refused_and_fences_go_on_above(tmp_path: Path) -> None:
+    """Last lines removed (no snapshot): refused with HistoryLost naming the lost seqs; doctor
+    --fix records a journal_break and the next grant is above every fence handed out."""
+    d = tmp_path / "r"
+    top = _history(d)
+    os.unlink(d / "claims.json")
+    kept = _cut(d, 3)
+    with pytest.raises(HistoryLost, match=r"events 4\.\.6 are lost"):
+        Registry(d).claims()
+    with pytest.raises(HistoryLost):
+        Registry(d).claim("x", owner="b")
+    assert "history_lost" in doctor.check(d).kinds()
+    assert doctor.check(d, fix=True).ok
+    assert doctor.check(d, fix=True).ok  # converged
+    assert (d / "audit.jsonl").read_bytes().startswith(kept)  # nothing deleted
+    assert Registry(d).claim("x", owner="b").fence == top + 1
+    kinds = [e["type"] for e in map(orjson.loads, journal_lines(d)[0])]
+    assert "journal_break" in kinds
+
+
+def test_cut_tail_below_the_snapshot_is_refused_and_restored(tmp_path: Path) -> None:
+    """Lines cut below the snapshot: refused (typed); doctor --fix restores the snapshot's
+    claims and fences go on above."""
+    d = tmp_path / "r"
+    top = _history(d)
+    _cut(d, 2)
+    with pytest.raises(RegistryCorrupt):
+        Registry(d).claim("x", owner="b")
+    assert doctor.check(d, fix=True).ok
+    reg = Registry(d)
+    assert {c.task for c in reg.claims()} >= {f"t{i}" for i in range(top)}
+    assert reg.claim("x", owner="b").fence == top + 1
+
+
+def test_a_crash_before_the_mirror_is_updated_is_no_false_alarm(tmp_path: Path) -> None:
+    """A writer killed after its appends but before any checkpoint: the anchor lags the
+    journal, never leads it, so the next opener works and fences go on."""
+    d = tmp_path / "r"
+    top = _history(d)
+    code = (
+        "import os, sys\nfrom fleetclaims import Registry\n"
+        "reg = Registry(sys.argv[1])\n"
+        "for i in range(3):\n    reg.claim(f'k{i}', owner='c')\n"
+        "os._exit(0)\n"
+    )
+    done = run_python(code, str(d))
+    assert done.returncode == 0, done.stderr
+    found = anchor.read(d)
+    assert found is not None and found.fence == top  # lagging
+    assert Registry(d).claim("x", owner="b").fence == top + 4
+
+
+def test_wiped_folder_outside_a_repository_is_refused(tmp_path: Path) -> None:
+    """The registry folder removed: reads and writes refuse (exit 5), not a new registry with
+    fence 1; init --new-history starts above the old fences and keeps nothing silently."""
+    d = tmp_path / "r"
+    top = _history(d)
+    shutil.rmtree(d)
+    with pytest.raises(HistoryLost, match="removed or emptied"):
+        Registry(d).claim("x", owner="b")
+    assert _cli(d, "claims").returncode == 5
+    assert "history_lost" in doctor.check(d).kinds()
+    done = _cli(d, "init", "--new-history")
+    assert done.returncode == 0, done.stderr
+    assert Registry(d).claim("x", owner="b").fence == top + 1
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("layout", ["repository", "worktree"])
+def test_git_clean_in_a_repository_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              layout: str) -> None:
+    """git clean -fdx removes .cache/fleetclaims/: the anchor in the git common dir (shared by
+    worktrees) survives it, so the next command refuses instead of handing out fence 1."""
+    monkeypatch.delenv("FLEETCLAIMS_ANCHOR_DIR")
+    monkeypatch.delenv("FLEETCLAIMS_DIR")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty",
+         "-m", "x")
+    where = repo
+    if layout == "worktree":
+        where = tmp_path / "wt"
+        _git(repo, "worktree", "add", "-q", str(where))
+    monkeypatch.chdir(where)
+    d = repo / ".cache" / "fleetclaims"
+    top = _history(d)
+    assert (repo / ".git" / "fleetclaims" / "anchor.json").is_file()
+    _git(repo, "clean", "-fdxq")
+    assert not d.exists()
+    with pytest.raises(HistoryLost):
+        Registry(d).claim("x", owner="b")
+    assert _cli(d, "init", "--new-history").returncode == 0
+    assert Registry(d).claim("x", owner="b").fence == top + 1
+
+
+def _foreign(tmp_path: Path) -> Path:
+    other = tmp_path / "other"
+    _history(other, 2)
+    return other
+
+
+def test_foreign_journal_with_our_snapshot_is_refused_and_ours_restored(
+        tmp_path: Path) -> None:
+    """Another registry's journal copied over ours (our snapshot kept): refused, our snapshot
+    is not quarantined as 'unanchored'; doctor --fix keeps the foreign journal aside and
+    restores our claims, fences above ours."""
+    d = tmp_path / "r"
+    top = _history(d)
+    ours = (d / "claims.json").read_bytes()
+    foreign = (_foreign(tmp_path) / "audit.jsonl").read_bytes()
+    (d / "audit.jsonl").write_bytes(foreign)
+    with pytest.raises(HistoryLost, match="belongs to registry"):
+        Registry(d).claim("x", owner="b")
+    assert (d / "claims.json").read_bytes() == ours  # not quarantined by the refusal
+    assert doctor.check(d, fix=True).ok
+    assert foreign in quarantined(d).values()
+    reg = Registry(d)
+    assert {c.task for c in reg.claims()} == {f"t{i}" for i in range(top)}
+    assert reg.claim("x", owner="b").fence == top + 1
+
+
+def test_foreign_journal_without_snapshot_is_refused(tmp_path: Path) -> None:
+    """A foreign journal and no snapshot of ours: refused; doctor cannot restore (says so);
+    init --new-history starts above both histories' fences."""
+    d = tmp_path / "r"
+    top = _history(d)
+    os.unlink(d / "claims.json")
+    (d / "audit.jsonl").write_bytes((_foreign(tmp_path) / "audit.jsonl").read_bytes())
+    with pytest.raises(HistoryLost):
+        Registry(d).claims()
+    assert not doctor.check(d, fix=True).ok
+    assert _cli(d, "init", "--new-history").returncode == 0
+    assert Registry(d).claim("x", owner="b").fence == top + 1
+
+
+def test_forged_snapshot_fence_is_not_trusted(tmp_path: Path) -> None:
+    """A snapshot at the journal's end with fence 0 (checksum recomputed): the fence mark in
+    claims.lock exposes it; it is rebuilt from the journal and the next fence is top + 1."""
+    d = tmp_path / "r"
+    top = _history(d)
+    snap, problem = read_snapshot(d / "claims.json")
+    assert snap is not None and problem is None
+    state = snap.state
+    state.fence = 0
+    (d / "claims.json").write_bytes(encode_snapshot(state, snap.offset))
+    reg = Registry(d)
+    assert reg.claim("x", owner="b").fence == top + 1
+    assert any(b"snapshot" in name.encode() for name in quarantined(d))
+
+
+def test_forged_appended_grant_reusing_a_fence_is_damage(tmp_path: Path) -> None:
+    """A re-sealed, correctly chained claim_created that reuses fence 1: applying it fails
+    (a grant is the high-water + 1), so reads and writes report AuditCorrupt at its seq."""
+    d = tmp_path / "r"
+    _history(d)
+    os.unlink(d / "claims.json")
+    lines, _ = journal_lines(d)
+    last = orjson.loads(lines[-1])
+    forged = orjson.loads(lines[1])  # the grant of fence 1
+    forged.update(seq=last["seq"] + 1, task="forged", prev=last["hash"])
+    del forged["hash"]
+    line, _ = seal(orjson.dumps(forged))
+    with open(d / "audit.jsonl", "ab") as f:
+        f.write(line if line.endswith(b"\n") else line + b"\n")
+    with pytest.raises(AuditCorrupt, match="fence 1 after high-water"):
+        Registry(d).claims()
+    assert not doctor.check(d).ok
+
+
+def test_audit_anchor_and_verify_anchor(tmp_path: Path) -> None:
+    """audit anchor prints SEQ:HASH; verify --anchor holds it (exit 0), refuses another hash
+    for that seq or a seq beyond the journal (exit 5), and a malformed anchor is usage (2)."""
+    d = tmp_path / "r"
+    _history(d)
+    printed = _cli(d, "audit", "anchor")
+    assert printed.returncode == 0, printed.stderr
+    head = printed.stdout.strip()
+    seq, digest = head.split(":")
+    assert _cli(d, "audit", "verify", "--anchor", head).returncode == 0
+    assert _cli(d, "audit", "verify", "--anchor", f"{seq}:{'f' * 64}").returncode == 5
+    assert _cli(d, "audit", "verify", "--anchor", f"{int(seq) + 5}:{digest}").returncode == 5
+    assert _cli(d, "audit", "verify", "--anchor", "nonsense").returncode == 2
+
+
+def test_verify_fails_whenever_the_store_would_refuse(tmp_path: Path) -> None:
+    """audit verify exits 5 for a missing journal (snapshot kept) and for a lost history,
+    though the remaining chain itself verifies."""
+    d = tmp_path / "r"
+    _history(d)
+    os.unlink(d / "audit.jsonl")
+    assert _cli(d, "audit", "verify").returncode == 5
+    e = tmp_path / "e"
+    _history(e)
+    os.unlink(e / "claims.json")
+    _cut(e, 3)
+    assert _cli(e, "audit", "verify").returncode == 5

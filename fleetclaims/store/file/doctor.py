@@ -27,6 +27,7 @@ from ...core.errors import FleetclaimsError, HistoryLost, RegistryCorrupt
 from ...core.ports import ClaimView
 from ...system import SystemClock
 from . import doctor_history, fsutil
+from .faults import crash_point
 from .lock import RegistryLock
 from .salvage import DOCTOR_TMP, JournalScan, recoverable, salvage, scan_journal
 from .snapshot import TMP_PREFIX, Snapshot, SnapshotError, claim_records, decode_snapshot
@@ -123,6 +124,7 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
             elif snap_finding is not None and os.path.lexists(path / SNAPSHOT):
                 fsutil.quarantine_file(path, path / SNAPSHOT, f"doctor: {snap_finding.kind}",
                                        extra={"finding": snap_finding.message})
+            crash_point("doctor.after_repair")
             if needs_salvage or history_fix:
                 # What was recorded outside the journal (anchor, fence mark) and is not in it
                 # any more is named in it, and fences go on above it.

@@ -25,6 +25,10 @@ CRASH_POINTS = (
     "rebuild.after_quarantine",  # damaged snapshot moved aside, state not yet rebuilt
     "rest.before_trim",  # settling: padding checked free and zero, journal not yet cut
     "rest.after_trim",  # padding cut off, claims.json not yet at the head
+    "doctor.after_copies",  # originals copied to quarantine/, nothing replaced yet
+    "doctor.before_switch",  # the repaired journal written beside the damage, not renamed
+    "doctor.after_switch",  # the repaired journal renamed in place, its snapshot not written
+    "doctor.after_repair",  # the repair done, the loss not yet acknowledged (anchor, mark)
 )
 
 

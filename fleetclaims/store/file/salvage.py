@@ -30,6 +30,7 @@ from ...core.model import Claim
 from ...core.ports import ClaimView
 from ...core.state import State
 from . import fsutil
+from .faults import crash_point
 from .journal import apply_checked
 from .lock import bump_generation_at
 from .reader import CHUNK, JournalReader, first_nul, iter_lines
@@ -189,10 +190,9 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
         snap_name = None
         recovered = recoverable(journal, snapshot)
         if recovered is not None and recovered.seq > state.seq:
-            snap_name = fsutil.quarantine_file(
-                path, path / SNAPSHOT, "doctor: snapshot ahead of the journal",
-                extra={"snapshot_seq": recovered.seq, "journal_seq": state.seq},
-            ).name
+            # A copy, not a move: until the repaired journal is in place (one rename), the
+            # snapshot must stay where the next doctor finds it (a kill in between).
+            snap_name = _copy_snapshot(path, recovered.seq, state.seq)
         else:
             recovered = None
         original, carried, fence_floor = _quarantine_journal(path, fd, journal)
@@ -214,12 +214,19 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
         if snap_name is not None and recovered is not None:
             _record_snapshot(lines, recovered, snap_name, original, fence_floor)
         snapshot = recovered = None  # no longer needed: let them go before the snapshot below
+        crash_point("doctor.after_copies")
         end = _write_journal(path, fd, journal.good_end, lines.lines)
+        crash_point("doctor.after_switch")
         lines.lines.clear()
     finally:
         if fd >= 0:
             os.close(fd)
-    if snap_name is None and os.path.lexists(path / SNAPSHOT):
+    if snap_name is not None:
+        # (its copy is in quarantine/; the snapshot of the repaired journal replaces it below,
+        # or the store rebuilds one from the journal, which holds its claims now)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path / SNAPSHOT)
+    elif os.path.lexists(path / SNAPSHOT):
         # Anchored to the old journal (or damaged): rebuilt from the salvaged one.
         fsutil.quarantine_file(path, path / SNAPSHOT, "doctor: journal salvaged")
     # The snapshot of the salvaged journal: the verified state plus doctor's own events. (On
@@ -230,6 +237,16 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
         return write_snapshot(path, path / SNAPSHOT, encode_snapshot(state, end), sync=True)
     except (OSError, FleetclaimsError):
         return False
+
+
+def _copy_snapshot(path: Path, snapshot_seq: int, journal_seq: int) -> str:
+    fd = fsutil.open_file(path / SNAPSHOT, os.O_RDONLY)
+    try:
+        return fsutil.quarantine_copy(
+            path, SNAPSHOT, fd, "doctor: snapshot ahead of the journal",
+            extra={"snapshot_seq": snapshot_seq, "journal_seq": journal_seq}).name
+    finally:
+        os.close(fd)
 
 
 def _quarantine_journal(path: Path, fd: int,
@@ -326,6 +343,7 @@ def _write_journal(path: Path, fd: int, good_end: int, extra_lines: list[bytes])
             os.unlink(tmp)
         raise
     os.close(out)
+    crash_point("doctor.before_switch")
     os.replace(tmp, path / JOURNAL)
     fsutil.fsync_dir(path)
     bump_generation_at(path / LOCK)  # every open handle reloads the new journal

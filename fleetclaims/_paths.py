@@ -32,6 +32,8 @@ def patterns(paths: Iterable[str] | None, shared: Iterable[str] | None
 def with_paths(grant: Grant, paths: Iterable[str] | None, shared: Iterable[str] | None,
                remote: str | None = None) -> Grant:
     """``grant`` asking to reserve ``paths`` (exclusive) and ``shared``."""
+    if paths is None and shared is None:
+        return grant  # the common case: no reservations, nothing to check or copy
     excl, sh = patterns(paths, shared)
     if (excl or sh) and remote:
         raise ValidationError("paths", "reservations are kept by the registry, not by a git "

@@ -94,12 +94,17 @@ def checking(expired: Expired) -> Callable[[_F], _F]:
     return wrap
 
 
+_CARRYING = frozenset({ev.CLAIM_RECOVERED, ev.CLAIM_HANDED_OFF})  # keep the old claim's paths
+
+
 def with_paths(state: State, decision: Any, reservation: Reservation | None, now: Now,
                expired: Expired) -> Any:
     """``decision`` with its grant events carrying ``reservation`` (if any), or a refusal when
     the granted claim's paths conflict with another live claim's."""
     if decision.error is not None:
         return decision
+    if reservation is None and not any(e["type"] in _CARRYING for e in decision.events):
+        return decision  # the common case: a claim reserving nothing
     events = list(decision.events)
     for n, event in enumerate(events):
         if event["type"] not in ev.GRANTS:

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 TOOLS = {"claim", "renew", "release", "complete", "recover", "handoff", "get", "claims",
          "events", "explain", "sweep", "brief", "claim_next", "ready", "add", "add_many",
-         "depend", "block", "unblock", "transition",
+         "depend", "block", "unblock", "transition", "reserve", "unreserve",
          "show", "list", "next"}  # the last three: older names, kept as aliases
 
 

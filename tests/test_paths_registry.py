@@ -4,7 +4,9 @@ recover and handoff carrying them, reopening a registry, and the audit events.""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +90,35 @@ def test_reservations_survive_reopening(make_registry: Callable[[], Registry]) -
     assert claim is not None and claim.paths == ("src",)
     with pytest.raises(PathConflict):
         again.claim("b", owner="bob", paths=["src/a.py"])
+
+
+def test_cli_paths_claim_next_reserve_unreserve(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI: claim --paths/--shared (JSON carries them), claim-next --paths passes over
+    nothing but is refused on overlap (exit 3), reserve/unreserve --all, bad patterns exit 2."""
+    from test_cli import run_cli
+
+    d = str(tmp_path / "r")
+    code, out, _ = run_cli(["--dir", d, "--json", "claim", "a", "--owner", "x", "--paths",
+                            "src/", "lib", "--shared", "docs"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["paths"] == ["src", "lib"] and doc["shared_paths"] == ["docs"]
+    assert run_cli(["--dir", d, "add", "q1"], capsys)[0] == 0
+    code, _, _ = run_cli(["--dir", d, "claim-next", "--owner", "y", "--paths", "src/a.py"],
+                           capsys)
+    assert code == 3  # the only ready task's paths overlap: nothing claimed
+    code, out, _ = run_cli(["--dir", d, "--json", "claim-next", "--owner", "y", "--paths",
+                            "tests"], capsys)
+    assert code == 0 and json.loads(out)["paths"] == ["tests"]
+    token = doc["token"]
+    code, out, _ = run_cli(["--dir", d, "--json", "reserve", "a", "tools", "--token", token],
+                           capsys)
+    assert code == 0 and json.loads(out)["paths"] == ["src", "lib", "tools"]
+    code, out, _ = run_cli(["--dir", d, "--json", "unreserve", "a", "--all", "--token", token],
+                           capsys)
+    assert code == 0 and json.loads(out)["paths"] == [] and json.loads(out)["shared_paths"] == []
+    assert run_cli(["--dir", d, "unreserve", "a", "--token", token], capsys)[0] == 2
+    for bad in ("../x", "/etc/passwd", "a\\b", "[ab]"):
+        assert run_cli(["--dir", d, "reserve", "a", bad, "--token", token], capsys)[0] == 2
+    code, out, _ = run_cli(["--dir", d, "claims"], capsys)
+    assert "[paths: tests]" in out

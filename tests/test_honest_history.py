@@ -247,3 +247,37 @@ def test_verify_fails_whenever_the_store_would_refuse(tmp_path: Path) -> None:
     os.unlink(e / "claims.json")
     _cut(e, 3)
     assert _cli(e, "audit", "verify").returncode == 5
+
+
+def test_damage_in_the_middle_keeps_the_verified_remainder(tmp_path: Path) -> None:
+    """One flipped byte in the middle of a ~145-event journal: doctor --fix keeps every line
+    after it that verifies (a journal_break records seq and byte range), completed tasks stay
+    completed, only the damaged line's task is named lost, and fences go on above."""
+    d = tmp_path / "r"
+    reg = Registry(d)
+    for i in range(48):
+        c = reg.claim(f"t{i}", owner="a")
+        reg.renew(c.task, token=c.token or "")
+        reg.complete(c.task, token=c.token or "")
+    reg.close()
+    os.unlink(d / "claims.json")  # (else the snapshot restores everything)
+    lines, _ = journal_lines(d)
+    assert len(lines) >= 145
+    k = 70
+    victim = orjson.loads(lines[k])
+    raw = bytearray((d / "audit.jsonl").read_bytes())
+    raw[sum(len(x) + 1 for x in lines[:k]) + 12] ^= 0x01  # inside the ts of line k
+    (d / "audit.jsonl").write_bytes(bytes(raw))
+    report = doctor.check(d, fix=True)
+    assert report.ok, report.to_dict()
+    lost = [f for f in report.findings if f.kind == "claims_lost"]
+    assert {x["task"] for x in lost[0].details["lost"]} == {victim["task"]}
+    fresh = Registry(d)
+    done = {c.task for c in fresh.claims(include_completed=True) if c.state == "completed"}
+    assert done >= {f"t{i}" for i in range(48)} - {victim["task"]}
+    breaks = [orjson.loads(x) for x in journal_lines(d)[0]
+              if orjson.loads(x)["type"] == "journal_break"]
+    assert breaks and breaks[0]["from_seq"] == victim["seq"] == breaks[0]["to_seq"]
+    assert breaks[0]["offset"] == sum(len(x) + 1 for x in lines[:k])
+    assert fresh.claim("new", owner="b").fence == 49
+    assert bytes(raw) in quarantined(d).values()  # nothing deleted

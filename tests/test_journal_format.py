@@ -175,9 +175,9 @@ def test_deleted_journal_is_damage_not_an_empty_registry(tmp_path: Path) -> None
 
 
 def test_doctor_never_reissues_a_fence_and_names_lost_claims(tmp_path: Path) -> None:
-    """A byte flipped mid-journal: doctor --fix keeps the verified prefix, names the claims
-    recorded after the break that it could not restore, and new grants get fences above every
-    fence handed out before (a holder of a lost claim is fenced out)."""
+    """A byte flipped mid-journal: doctor --fix keeps the verified prefix and the verified
+    lines after the damage, names the claim the damaged line held, and new grants get fences
+    above every fence handed out before (a holder of a lost claim is fenced out)."""
     from fleetclaims.store.file import doctor
 
     d = tmp_path / "r"
@@ -194,8 +194,11 @@ def test_doctor_never_reissues_a_fence_and_names_lost_claims(tmp_path: Path) -> 
     path.write_bytes(bytes(raw))
     report = doctor.check(d, fix=True)
     assert report.ok
+    # (#16: the lines after the damaged one verify among themselves and are kept; only what
+    # the damaged bytes held is named lost)
     lost = [f for f in report.findings if f.kind == "claims_lost"]
-    assert lost and {c["task"] for c in lost[0].details["lost"]} == {"d4", "d5", "d6"}
+    assert lost and {c["task"] for c in lost[0].details["lost"]} == {"d3"}
     fresh = Registry(d)
-    c = fresh.claim("d4", owner="intruder")
+    assert {c.task for c in fresh.claims()} == {"d1", "d2", "d4", "d5", "d6"}
+    c = fresh.claim("d3", owner="intruder")
     assert c.fence > 6  # above every fence handed out before the damage

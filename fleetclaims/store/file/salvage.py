@@ -176,6 +176,29 @@ class _Lines:
         self.lines.append(line)
 
 
+    def keep(self, event: dict[str, Any]) -> bool:
+        """Keep a verified line of a segment after a break: re-sealed after our head with its
+        time and its original hash (``ohash``); False (nothing written) when it cannot be
+        applied without the damaged lines."""
+        fields = {k: v for k, v in event.items() if k not in ("seq", "ts", "prev", "hash")}
+        fields.setdefault("ohash", event["hash"])
+        fence = fields.get("fence")
+        if (fields.get("type") in ev.GRANTS and type(fence) is int
+                and fence > self.state.fence + 1):
+            fields["fence_floor"] = fence - 1  # the damaged bytes held the grants between
+        sealed = envelope(self.seq + 1, event["ts"], fields, self.head)
+        line, digest = seal(orjson.dumps(sealed))
+        sealed["hash"] = digest
+        try:
+            apply_checked(self.state, sealed, self.offset, JOURNAL)
+        except AuditCorrupt:
+            return False
+        self.seq, self.head = self.seq + 1, digest
+        self.offset += len(line)
+        self.lines.append(line)
+        return True
+
+
 def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
             report: DoctorReport) -> bool:
     """Keep the verified prefix; re-record a snapshot that is ahead; quarantine originals; and
@@ -196,6 +219,8 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
         else:
             recovered = None
         original, carried, fence_floor = _quarantine_journal(path, fd, journal)
+        if snap_name is None and fd >= 0 and journal.break_seq is not None:
+            carried = _keep_segments(fd, journal, lines, original, carried, report)
         if snap_name is None and (carried or fence_floor > state.fence):
             lines.add(_record_lost(journal, carried, fence_floor, original, report))
         carried = []  # (can be every claim: let them go)
@@ -237,6 +262,33 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
         return write_snapshot(path, path / SNAPSHOT, encode_snapshot(state, end), sync=True)
     except (OSError, FleetclaimsError):
         return False
+
+
+def _keep_segments(fd: int, journal: JournalScan, lines: _Lines, original: str | None,
+                   carried: list[Claim], report: DoctorReport) -> list[Claim]:
+    """Keep the verified lines after the break (salvage_segments); returns the claims still
+    lost (those the kept lines do not restore as they were)."""
+    from .salvage_segments import keep_segments
+
+    counts = keep_segments(fd, journal.good_end, journal.break_seq or journal.state.seq + 1,
+                           journal.break_reason or "damaged", original, lines, highest_fence)
+    if counts["damaged"]:
+        shown = ", ".join(f"{d['task']} ({d['type']}, seq {d['seq']})"
+                          for d in counts["damaged"][:10])
+        report.add("claims_lost", f"held by the damaged lines (kept in the quarantined "
+                   f"journal): {shown}; new claims get higher fences", WARNING,
+                   lost=counts["damaged"][:1000]).fixed = True
+    if counts["kept"]:
+        report.add("segment_kept", f"kept {counts['kept']} verified lines after the damage "
+                   f"({counts['breaks']} break(s) recorded as journal_break; "
+                   f"{counts['unapplied']} lines that need the damaged ones stay in quarantine)",
+                   WARNING, kept=counts["kept"], unapplied=counts["unapplied"],
+                   breaks=counts["breaks"]).fixed = True
+
+    def gist(c: Claim | None) -> tuple[Any, ...]:
+        return () if c is None else (c.owner, c.fence, c.state, c.phase)
+
+    return [c for c in carried if gist(lines.state.claims.get(c.task)) != gist(c)]
 
 
 def _copy_snapshot(path: Path, snapshot_seq: int, journal_seq: int) -> str:

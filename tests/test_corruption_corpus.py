@@ -456,9 +456,28 @@ def _(d: Path, b: Base) -> None:
     _journal(d).write_bytes(bytes(range(256)) * 8 + b"\n" + b"x" * 300 + b"\n")
 
 
-@case("journal-crlf", "audit", 1, 0, SNAP_AT)
+@case("journal-crlf", "audit", 1, 0, "exact")
 def _(d: Path, b: Base) -> None:
+    """Converted to CRLF: every seal fails; doctor --fix recovers it all, seals unchanged."""
     _journal(d).write_bytes(b"".join(x + b"\r\n" for x in b.lines))
+
+
+@case("journal-pretty-printed", "audit", 1, 0, "exact")
+def _(d: Path, b: Base) -> None:
+    """Pretty-printed with sorted keys by a JSON tool: recovered, seals rebuilt, noted."""
+    import json
+
+    _journal(d).write_bytes("".join(
+        json.dumps(json.loads(x), indent=2, sort_keys=True) + "\n" for x in b.lines).encode())
+
+
+@case("journal-reindented", "audit", 1, 0, "exact")
+def _(d: Path, b: Base) -> None:
+    """Whitespace added between members (key order kept): recovered, seals rebuilt."""
+    import json
+
+    _journal(d).write_bytes("".join(
+        json.dumps(json.loads(x), separators=(", ", ": ")) + "\n" for x in b.lines).encode())
 
 
 @case("snapshot-ahead-of-journal", "corrupt", SNAP_AT)

@@ -26,7 +26,7 @@ from typing import Any
 from ...core.errors import FleetclaimsError, HistoryLost, RegistryCorrupt
 from ...core.ports import ClaimView
 from ...system import SystemClock
-from . import doctor_history, fsutil
+from . import doctor_history, fsutil, reserialised
 from .faults import crash_point
 from .lock import RegistryLock
 from .salvage import DOCTOR_TMP, JournalScan, recoverable, salvage, scan_journal
@@ -119,6 +119,9 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
                 journal = None
                 journal = scan_journal(path, None)
                 needs_salvage = True
+            if needs_salvage and journal.break_seq is not None and reserialised.repair(
+                    path, report):
+                needs_salvage, history_fix = False, True  # (the note is acknowledged below)
             if needs_salvage:
                 done = salvage(path, journal, _read_snapshot(path)[0], report)
             elif snap_finding is not None and os.path.lexists(path / SNAPSHOT):

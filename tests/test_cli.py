@@ -193,8 +193,10 @@ def test_subprocess_version_and_exit_codes(tmp_path: Path) -> None:
     assert cli(d, "release", "t", "--token", "y" * 24).returncode == 4
     assert cli(d, "release", "t", env={"FLEETCLAIMS_TOKEN": token}).returncode == 0
     (d / "audit.jsonl").write_bytes(b"garbage\n" + (d / "audit.jsonl").read_bytes())
-    damaged = cli(d, "list")
-    assert damaged.returncode == 5 and "doctor" in damaged.stderr
+    damaged = cli(d, "list")  # (#16) reads show the verified state and name the damage
+    assert damaged.returncode == 0 and "doctor" in damaged.stderr, damaged
+    write = cli(d, "claim", "u", "--owner", "b")  # writes refuse
+    assert write.returncode == 5 and "doctor" in write.stderr
 
 
 def test_run_success_completes(tmp_path: Path) -> None:

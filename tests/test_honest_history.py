@@ -216,7 +216,10 @@ def test_forged_appended_grant_reusing_a_fence_is_damage(tmp_path: Path) -> None
     with open(d / "audit.jsonl", "ab") as f:
         f.write(line if line.endswith(b"\n") else line + b"\n")
     with pytest.raises(AuditCorrupt, match="fence 1 after high-water"):
-        Registry(d).claims()
+        Registry(d).claim("x", owner="b")
+    reg = Registry(d)
+    assert "forged" not in {c.task for c in reg.claims()}  # reads show the verified state
+    assert reg.store.damage is not None and reg.store.damage.seq == last["seq"] + 1
     assert not doctor.check(d).ok
 
 

@@ -12,15 +12,17 @@ from __future__ import annotations
 import contextlib
 import os
 
-from ...core.errors import HistoryLost, RegistryCorrupt
+from ...core.errors import AuditCorrupt, HistoryLost, RegistryCorrupt
 from ...core.state import State
-from . import anchor
+from . import anchor, fsutil
 from .catchup import CatchUp
+from .lock import READ_ONLY_ERRNOS
 from .snapshot import read_snapshot
 
 
 class History(CatchUp):
     _history_owed = False
+    damage: AuditCorrupt | None = None  # what a read could not verify (see read)
 
     def _load(self, *, writer: bool) -> None:
         if (self._lock.generation() == 0 and not os.path.lexists(self.journal_path)
@@ -36,6 +38,44 @@ class History(CatchUp):
                 self._check_origin()
             raise
         self._history_owed = True
+
+    def _open_journal(self, *, create: bool) -> bool:
+        try:
+            return super()._open_journal(create=create)
+        except OSError as exc:
+            if create or exc.errno not in READ_ONLY_ERRNOS:
+                raise
+        # Read-only review: a journal we may not write is still read (writes fail, typed).
+        generation = self._lock.generation()
+        try:
+            self._fd = fsutil.open_file(self.journal_path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        self._generation = generation
+        self._alloc = os.fstat(self._fd).st_size
+        return True
+
+    def read(self) -> State:
+        """The verified state; on a damaged journal, the state up to the damage, which is
+        named in ``damage`` (and logged): a reviewer must see what is there. Writes still
+        refuse (AuditCorrupt), and so does ``audit verify``."""
+        try:
+            state = super().read()
+        except AuditCorrupt as exc:
+            verified = self._state
+            if verified is None or self._poisoned is not None:
+                raise
+            state = verified
+            if self.damage is None or str(self.damage) != str(exc):
+                import logging
+
+                logging.getLogger("fleetclaims").warning(
+                    "fleetclaims: showing the verified state only (up to seq %d): %s",
+                    state.seq, exc)
+            self.damage = exc
+            return state
+        self.damage = None
+        return state
 
     def _consume(self, *, writer: bool) -> None:
         super()._consume(writer=writer)

@@ -1,0 +1,77 @@
+"""Read-only review (#16): a registry on a read-only mount (or whose files we may only read)
+and a registry with a damaged journal can still be reviewed: reads show the verified state
+and name the damage; only writes (and `audit verify`) fail.
+
+The tests run as any user, root included (who may write 0444 files), so "read-only" is the
+operating system's answer EROFS to every open for writing, injected at the store's one open seam.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from fleetclaims import AuditCorrupt, FleetclaimsError, Registry
+from fleetclaims.store.file import faults
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def read_only_mount(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = faults.osc.open
+
+    def open_(path: str, flags: int, mode: int = 0o600) -> int:
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(errno.EROFS, "Read-only file system", path)
+        return real(path, flags, mode)
+
+    monkeypatch.setattr(faults.osc, "open", open_)
+
+
+def _registry(d: Path) -> None:
+    reg = Registry(d)
+    reg.claim("t1", owner="a")
+    reg.claim("t2", owner="b")
+    reg.close()
+
+
+def test_reads_work_on_a_read_only_registry(tmp_path: Path,
+                                            read_only_mount: None) -> None:
+    """list/get/events on a read-only mount: no write access needed (claims.lock and the
+    journal opened for reading); a write fails typed, not with a raw OSError."""
+    d = tmp_path / "r"
+    with pytest.MonkeyPatch.context() as m:  # (made before the mount turned read-only)
+        m.setattr(faults.osc, "open", os.open)
+        _registry(d)
+    reg = Registry(d)
+    assert {c.task for c in reg.claims()} == {"t1", "t2"}
+    assert reg.get("t1") is not None and reg.get("t1").owner == "a"  # type: ignore[union-attr]
+    assert len(reg.events(limit=10).events) == 3
+    with pytest.raises(FleetclaimsError):
+        reg.claim("t9", owner="z")
+
+
+def test_reads_of_a_damaged_journal_show_the_verified_state(tmp_path: Path) -> None:
+    """A damaged line mid-journal: reads return the state before it and name the damage
+    (store.damage: seq and offset); a write refuses with AuditCorrupt."""
+    d = tmp_path / "r"
+    reg = Registry(d)
+    for i in range(4):
+        reg.claim(f"t{i}", owner="a")
+    reg.close()
+    os.unlink(d / "claims.json")
+    raw = bytearray((d / "audit.jsonl").read_bytes())
+    lines = bytes(raw).split(b"\n")
+    at = sum(len(x) + 1 for x in lines[:3])
+    raw[at + 20] ^= 0x01  # inside seq 4 (t2)
+    (d / "audit.jsonl").write_bytes(bytes(raw))
+    reg = Registry(d)
+    assert {c.task for c in reg.claims()} == {"t0", "t1"}
+    damage = reg.store.damage  # type: ignore[attr-defined]
+    assert isinstance(damage, AuditCorrupt) and (damage.seq, damage.offset) == (4, at)
+    with pytest.raises(AuditCorrupt):
+        reg.claim("x", owner="b")

@@ -75,3 +75,33 @@ def test_reads_of_a_damaged_journal_show_the_verified_state(tmp_path: Path) -> N
     assert isinstance(damage, AuditCorrupt) and (damage.seq, damage.offset) == (4, at)
     with pytest.raises(AuditCorrupt):
         reg.claim("x", owner="b")
+
+
+def test_review_commands_on_a_damaged_journal_exit_0(tmp_path: Path) -> None:
+    """claims, get, explain, audit and audit report exit 0 on a damaged journal and name the
+    damage on stderr; audit verify and a write exit 5."""
+    import subprocess
+    import sys
+
+    d = tmp_path / "r"
+    reg = Registry(d)
+    for i in range(4):
+        reg.claim(f"t{i}", owner="a")
+    reg.close()
+    os.unlink(d / "claims.json")
+    raw = bytearray((d / "audit.jsonl").read_bytes())
+    raw[sum(len(x) + 1 for x in bytes(raw).split(b"\n")[:3]) + 20] ^= 0x01
+    (d / "audit.jsonl").write_bytes(bytes(raw))
+    env = dict(os.environ, FLEETCLAIMS_DIR=str(d))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fleetclaims", *args], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    for args in (["claims"], ["get", "t0"], ["explain", "t0"], ["audit"],
+                 ["audit", "report", "--html", str(tmp_path / "r.html")]):
+        done = run(*args)
+        assert done.returncode == 0, (args, done.stderr)
+        assert "seq 4" in done.stderr, args
+    assert run("audit", "verify").returncode == 5
+    assert run("claim", "x", "--owner", "b").returncode == 5

@@ -290,26 +290,57 @@ def oracle(run: Run) -> OracleStats:
             assert cur is not None and cur["state"] == "completed"
             cur["state"] = "released"
         elif kind == "claim_rejected":
-            stats.rejections += 1
-            if cur is not None and e["holder"] is not None:
+            stats.rejections += e.get("count", 1)
+            # (a coalesced line is written after its refusals, when the holder may have gone)
+            if cur is not None and e["holder"] is not None and "count" not in e:
                 assert e["holder"] == cur["owner"] and e["fence"] == cur["fence"]
     _match_clients(run, events, stats)
     return stats
 
 
+def _match_refusals(inc: Incarnation, entries: list[dict[str, Any]],
+                    lines: list[dict[str, Any]]) -> None:
+    """Refusals are coalesced (#15): per task, a client's refusals are its full lines plus the
+    counts of its coalesced ones: exactly, or fewer for a killed client (counts not yet written
+    die with it), and never more. (Each line's holder is checked against the journal.)"""
+    refused: dict[str, int] = {}
+    for entry in entries:
+        if not entry["ok"] and entry["err"] in ("conflict", "completed") and entry["op"] == "claim":
+            key = entry["task"]
+            refused[key] = refused.get(key, 0) + 1
+    recorded: dict[str, int] = {}
+    firsts: dict[str, int] = {}
+    for e in lines:
+        key = e["task"]
+        recorded[key] = recorded.get(key, 0) + e.get("count", 1)
+        firsts[key] = firsts.get(key, 0) + ("count" not in e)
+    for key, n in recorded.items():
+        assert n <= refused.get(key, 0), (inc.owner, key, n, refused.get(key))
+    for key, n in refused.items():
+        if inc.killed_at is None:
+            assert recorded.get(key) == n, (inc.owner, key, n, recorded.get(key))
+        else:  # the first refusal of a run is written at once; the in-flight one may be lost
+            assert firsts.get(key, 0) >= 1 or n == 1, (inc.owner, key, n)
+
+
 def _match_clients(run: Run, events: list[dict[str, Any]], stats: OracleStats) -> None:
     """One journal record per acknowledged state-changing op, in order, per client; every
     observed result consistent with its record; at most the in-flight op of a killed client
-    recorded without an acknowledgement."""
+    recorded without an acknowledgement. Refusals: see _match_refusals."""
     by_owner: dict[str, list[dict[str, Any]]] = {}
+    refusals: dict[str, list[dict[str, Any]]] = {}
     for e in events:
         if e["type"] in ("registry_created", "journal_tail_repaired", "registry_rebuilt"):
             continue
+        if e["type"] == "claim_rejected":
+            refusals.setdefault(e.get("actor", ""), []).append(e)
+            continue
         by_owner.setdefault(e.get("actor", ""), []).append(e)
     owners = {inc.owner for inc in run.incarnations}
-    assert set(by_owner) <= owners, set(by_owner) - owners
+    assert set(by_owner) | set(refusals) <= owners, set(by_owner) - owners
     for inc in run.incarnations:
         entries, done = _read_log(inc.log)
+        _match_refusals(inc, entries, refusals.get(inc.owner, []))
         mine = by_owner.get(inc.owner, [])
         pos = 0
         for entry in entries:
@@ -319,12 +350,6 @@ def _match_clients(run: Run, events: list[dict[str, Any]], stats: OracleStats) -
             if not entry["ok"]:
                 if entry["err"] == "busy":
                     stats.busy += 1
-                if entry["err"] in ("conflict", "completed") and op == "claim":
-                    assert nxt is not None and nxt["type"] == "claim_rejected", (entry, nxt)
-                    assert nxt["task"] == task
-                    if entry["err"] == "conflict":
-                        assert nxt["holder"] == entry["holder"] and nxt["fence"] == entry["fence"]
-                    pos += 1
                 continue
             stats.acked += op != "abandon"
             if op == "claim":

@@ -56,6 +56,9 @@ def _worker(directory: str, name: str, ops: int, tasks: int, seed: int, log: str
         else:
             held[task] = (c.token or "", c.fence)
             acks.append(("claim_created", task, name, c.fence))
+    # (a multiprocessing child ends by os._exit, past atexit: close records the refusals it
+    # counted but has not written yet, #15)
+    reg.close()
     Path(log).write_text(json.dumps(acks))
 
 

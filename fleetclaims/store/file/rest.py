@@ -25,7 +25,6 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from ...core import events as ev
@@ -155,11 +154,12 @@ class IdleKeeper:
 
 
 # A one-shot process (a CLI command) does not rewrite a large claims.json on its way out: that
-# costs a cold command on 10,000 claims ~20-40 ms. It forks a settle child instead (the state
-# is in memory already: no reload), which checkpoints once the journal has been quiet for a
-# moment, within IDLE of the last write. At most one child is pending: it holds a POSIX record
-# lock on one byte of claims.lock (independent of the registry's flock) until it starts
-# catching up; a writer that finds it held knows its lines will be included.
+# costs a cold command on 10,000 claims ~20 ms of CPU (encoding and hashing ~4 MB). It starts a
+# settle helper instead (a fresh interpreter: forking the parent was measured dearer still, its
+# copy-on-write faults at exit cost the parent ~40 ms), which checkpoints once the journal has
+# been quiet for a moment, within IDLE of the last write. At most one helper is pending: it
+# holds a POSIX record lock on one byte of claims.lock (independent of the registry's flock)
+# until it starts catching up; a writer that finds it held knows its lines will be included.
 DEFER_MIN = 256 * 1024  # snapshot size above which a one-shot process defers its checkpoint
 SETTLE_BYTE = 1 << 20
 _QUIET = 0.2
@@ -176,44 +176,54 @@ def helper_pending(lock_fd: int) -> bool:
     return False
 
 
-def fork_settler(lock_fd: int, journal: str, keep: tuple[int, ...],
-                 work: Callable[[], None]) -> bool:
-    """Run ``work`` (a checkpoint) in a forked child once the journal is quiet; False when
-    that is not possible here (no fork, or other threads: forking them is unsafe)."""
-    if fcntl is None or not hasattr(os, "fork") or threading.active_count() > 1:
+def spawn_settler(directory: str, lock_fd: int) -> bool:
+    """Leave the checkpoint to a settle helper; False when none could be started."""
+    if fcntl is None or not hasattr(os, "posix_spawn"):  # pragma: no cover
         return False
     if helper_pending(lock_fd):
         return True
+    import sys
+
+    null = os.devnull
     try:
-        pid = os.fork()
-    except OSError:
+        os.posix_spawn(sys.executable, [sys.executable, "-m", __spec__.name, directory],
+                       os.environ, setsid=True,
+                       file_actions=[(os.POSIX_SPAWN_OPEN, 0, null, os.O_RDONLY, 0),
+                                     (os.POSIX_SPAWN_OPEN, 1, null, os.O_WRONLY, 0),
+                                     (os.POSIX_SPAWN_OPEN, 2, null, os.O_WRONLY, 0)])
+    except (OSError, TypeError, NotImplementedError, AttributeError):
         return False
-    if pid:
-        return True
-    code = 0
-    try:  # the child: let go of the parent's stdio and descriptors (a pipe a caller waits on)
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        low = 3
-        for fd in sorted({*keep, null}):
-            os.closerange(low, fd)
-            low = fd + 1
-        os.closerange(low, 1 << 16)
-        fcntl.lockf(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, SETTLE_BYTE)
-        deadline = time.monotonic() + IDLE - 2 * _QUIET
-        while True:
-            time.sleep(_QUIET)
-            if (time.time() - os.stat(journal).st_mtime >= _QUIET
-                    or time.monotonic() >= deadline):
-                break
-        # Released before catching up: a write after this point forks a child of its own.
-        fcntl.lockf(lock_fd, fcntl.LOCK_UN, 1, SETTLE_BYTE)
-        work()
-    except BaseException:
-        code = 1
+    return True
+
+
+def _settle_helper(directory: str) -> int:
+    """The helper: wait until the journal is quiet, then checkpoint if claims.json lags."""
+    from pathlib import Path
+
+    from ...system import SystemClock
+    from .store import JOURNAL, LOCK, FileStore
+
+    fd = os.open(Path(directory) / LOCK, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, SETTLE_BYTE)
+    except OSError:
+        return 0  # another helper is pending
+    deadline = time.monotonic() + IDLE - 2 * _QUIET
+    while True:
+        time.sleep(_QUIET)
+        quiet = time.time() - os.stat(Path(directory) / JOURNAL).st_mtime
+        if quiet >= _QUIET or time.monotonic() >= deadline:
+            break
+    # Released before catching up: a write after this point starts a helper of its own.
+    fcntl.lockf(fd, fcntl.LOCK_UN, 1, SETTLE_BYTE)
+    store = FileStore(directory, clock=SystemClock(), create=False)
+    try:
+        store.read()
+        if store.lagging():
+            store.checkpoint()
     finally:
-        os._exit(code)
+        store.close()
+    return 0
 
 
 class Refusals:
@@ -328,6 +338,13 @@ class AtRest:
         self.padded = self.trim_checked = False
 
 
+if __name__ == "__main__":  # the settle helper (spawn_settler)
+    import sys
+
+    with contextlib.suppress(Exception):
+        sys.exit(_settle_helper(sys.argv[1]))
+    sys.exit(1)
+
 __all__ = [
     "DEFER_MIN",
     "IDLE",
@@ -335,9 +352,9 @@ __all__ = [
     "AtRest",
     "IdleKeeper",
     "Refusals",
-    "fork_settler",
     "release_padding",
     "settle_at_exit",
     "share_padding",
+    "spawn_settler",
     "trim_padding",
 ]

@@ -26,9 +26,8 @@ from ...core.state import State
 from ...system import Clock, current_pid, unsafe_filesystem
 from ..base import LOCAL_DIRECTORY, Capabilities, Decide
 from . import fsutil, rest
-from .catchup import JOURNAL, LOCK, SNAPSHOT
+from .catchup import JOURNAL, LOCK, SNAPSHOT, CatchUp
 from .faults import crash_point, osc
-from .history import History
 from .journal import (
     cut_back,
     preallocate,
@@ -55,7 +54,7 @@ CHECKPOINT_DIVISOR = 8
 __all__ = ["CHECKPOINT_DIVISOR", "CHECKPOINT_MIN_TAIL", "JOURNAL", "LOCK", "SNAPSHOT", "FileStore"]
 
 
-class FileStore(History):
+class FileStore(CatchUp):
     capabilities = Capabilities("file", frozenset({LOCAL_DIRECTORY}))
 
     def __init__(
@@ -150,8 +149,10 @@ class FileStore(History):
             self._pid = -1
 
     def __del__(self) -> None:  # pragma: no cover - best effort
-        with contextlib.suppress(Exception):
+        try:  # noqa: SIM105 - no module globals: this may run at interpreter shutdown
             self.close()
+        except Exception:
+            pass
 
     # --- the transaction ---------------------------------------------------------------------
 
@@ -335,7 +336,6 @@ class FileStore(History):
         )
 
     def _rebuild_snapshot(self, problem: str) -> None:
-        self._before_rebuild()  # a foreign or cut journal is refused, the snapshot kept
         quarantined = None
         if os.path.lexists(self.snapshot_path):
             quarantined = fsutil.quarantine_file(
@@ -356,11 +356,9 @@ class FileStore(History):
             return True
         return tail > 0 and self._rest.checkpoint_late(str(self.snapshot_path))
 
-    def _late_checkpoint(self) -> None:
-        """In a settle child: catch up with what others wrote meanwhile, then checkpoint."""
-        with self._lock.held():
-            self._catch_up(writer=False)
-        self._checkpoint(unlocked=True)
+    def lagging(self) -> bool:
+        """Whether claims.json is behind what this handle has read of the journal."""
+        return self._offset > self._snap_offset
 
     def settle(self, *, wait: bool, defer: bool = False) -> None:
         """Leave the files at rest: the counted refusals recorded, the padding trimmed (unless
@@ -383,13 +381,10 @@ class FileStore(History):
                         self._fd, self._offset):
                     self._alloc = self._offset
             at.settled()
-            if self._offset > self._snap_offset:
-                if defer:
-                    at.stop(join=True)  # (a settle child is forked only without threads)
-                if not (defer and self._snap_size >= rest.DEFER_MIN and rest.fork_settler(
-                        self._lock.fd, str(self.journal_path), (self._fd, self._lock.fd),
-                        self._late_checkpoint)):
-                    self._checkpoint(unlocked=True)
+            if self._offset > self._snap_offset and not (
+                    defer and self._snap_size >= rest.DEFER_MIN
+                    and rest.spawn_settler(str(self.directory), self._lock.fd)):
+                self._checkpoint(unlocked=True)
         except (OSError, FleetclaimsError) as exc:
             import logging
 
@@ -425,7 +420,6 @@ class FileStore(History):
         self._snap_offset = self._offset
         self._snap_size = len(data)
         self.last_checkpoint_error = None
-        self._after_checkpoint()
 
     def _sweep_temp_files(self) -> None:
         self._swept_temps = True

@@ -676,6 +676,10 @@ def test_corpus_case(case: Case, base: Base, tmp_path: Path) -> None:
         for _ in range(2):
             _assert_typed(lambda: reg.get(task), RegistryCorrupt)
         reg.close()
+        # audit verify fails whenever the store would refuse to work (#16)
+        from fleetclaims.cli import main
+
+        assert main(["audit", "verify", "--dir", str(d)]) == 5
         _fix_and_check(d, base, "exact", None)
         assert expect_quarantined in quarantined(d).values()
     elif kind == "unsafe":

@@ -248,6 +248,11 @@ def _store_refusal(reg: Any) -> str | None:
     applied, a journal missing), or None: verify fails whenever the store would."""
     try:
         reg.store.read()
+        damage = getattr(reg.store, "damage", None)
+        if damage is not None:  # (a read shows the verified state; verify must not pass)
+            return str(damage)
+        # Every claim record built: a snapshot entry is decoded lazily, at first use.
+        reg.claims(include_expired=True, include_completed=True, include_released=True)
     except FleetclaimsError as exc:
         return str(exc)
     return None

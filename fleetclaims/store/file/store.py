@@ -26,8 +26,9 @@ from ...core.state import State
 from ...system import Clock, current_pid, unsafe_filesystem
 from ..base import LOCAL_DIRECTORY, Capabilities, Decide
 from . import fsutil, rest
-from .catchup import JOURNAL, LOCK, SNAPSHOT, CatchUp
+from .catchup import JOURNAL, LOCK, SNAPSHOT
 from .faults import crash_point, osc
+from .history import History
 from .journal import (
     cut_back,
     preallocate,
@@ -54,7 +55,7 @@ CHECKPOINT_DIVISOR = 8
 __all__ = ["CHECKPOINT_DIVISOR", "CHECKPOINT_MIN_TAIL", "JOURNAL", "LOCK", "SNAPSHOT", "FileStore"]
 
 
-class FileStore(CatchUp):
+class FileStore(History):
     capabilities = Capabilities("file", frozenset({LOCAL_DIRECTORY}))
 
     def __init__(
@@ -336,6 +337,7 @@ class FileStore(CatchUp):
         )
 
     def _rebuild_snapshot(self, problem: str) -> None:
+        self._before_rebuild()  # a foreign or cut journal is refused, the snapshot kept
         quarantined = None
         if os.path.lexists(self.snapshot_path):
             quarantined = fsutil.quarantine_file(
@@ -420,6 +422,7 @@ class FileStore(CatchUp):
         self._snap_offset = self._offset
         self._snap_size = len(data)
         self.last_checkpoint_error = None
+        self._after_checkpoint()
 
     def _sweep_temp_files(self) -> None:
         self._swept_temps = True

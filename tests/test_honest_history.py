@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from fc_support import journal_lines, quarantined, run_python
+from fc_support import journal_lines, quarantined, replay, run_python
 
 from fleetclaims import AuditCorrupt, HistoryLost, Registry, RegistryCorrupt
 from fleetclaims.core.chain import seal
@@ -284,3 +284,54 @@ def test_damage_in_the_middle_keeps_the_verified_remainder(tmp_path: Path) -> No
     assert breaks[0]["offset"] == sum(len(x) + 1 for x in lines[:k])
     assert fresh.claim("new", owner="b").fence == 49
     assert bytes(raw) in quarantined(d).values()  # nothing deleted
+
+
+def _forge(d: Path) -> None:
+    """Rewrite the journal as a forger would: edit the first grant's owner and re-seal the
+    whole chain (no snapshot left to contradict it)."""
+    lines, _ = journal_lines(d)
+    out, prev = [], "0" * 64
+    for i, line in enumerate(lines):
+        event = orjson.loads(line)
+        if i == 1:
+            event["owner"] = "mallory"
+        event["prev"] = prev
+        del event["hash"]
+        sealed, prev = seal(orjson.dumps(event))
+        out.append(sealed if sealed.endswith(b"\n") else sealed + b"\n")
+    (d / "audit.jsonl").write_bytes(b"".join(out))
+    os.unlink(d / "claims.json")
+
+
+def test_a_resealed_forgery_is_found_by_the_anchor(tmp_path: Path) -> None:
+    """A journal re-sealed after an edit verifies as a chain, but not against the registry's
+    anchor (its head is not in the forged journal): audit verify exits 5."""
+    d = tmp_path / "r"
+    _history(d)
+    _forge(d)
+    done = _cli(d, "audit", "verify")
+    assert done.returncode == 5 and "anchor" in done.stdout, done.stdout
+
+
+def test_the_key_seals_the_anchor_against_a_forger_who_rewrites_it(tmp_path: Path) -> None:
+    """With the per-user key (0600), a forger who re-seals the journal and rewrites the anchor
+    to match is found (the anchor's HMAC); without the key the same forgery passes, which is
+    what the README says the chain alone cannot prove."""
+    for keyed in (True, False):
+        d = tmp_path / f"r{keyed}"
+        if keyed:
+            path, _ = anchor.create_key()
+            assert (path.stat().st_mode & 0o777) == 0o600
+        else:
+            anchor.key_file().unlink()
+        _history(d)
+        _forge(d)
+        forged = replay(journal_lines(d)[0])  # the forger's view, then a matching anchor
+        doc = orjson.loads(anchor.anchor_file(d).read_bytes())
+        doc.update(seq=forged.seq, head=forged.head, fence=forged.fence)
+        doc.pop("mac", None)
+        anchor.anchor_file(d).write_bytes(orjson.dumps(doc))
+        done = _cli(d, "audit", "verify")
+        assert (done.returncode == 5) is keyed, (keyed, done.stdout)
+        if keyed:
+            assert "seal of your key" in done.stdout

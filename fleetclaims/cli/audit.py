@@ -43,6 +43,9 @@ def add_parsers(add: AddParser) -> None:
                    choices=("list", "verify", "export", "report", "anchor"), default="list")
     p.add_argument("--anchor", metavar="SEQ:HASH",
                    help="verify: prove the journal still holds this head (from `audit anchor`)")
+    p.add_argument("--key", action="store_true",
+                   help="anchor: make your key (0600, user state dir) that seals the anchors "
+                   "of your registries with an HMAC, so a re-sealed forgery without it is found")
     p.add_argument("--task")
     p.add_argument("--owner")
     p.add_argument("--type", action="append", dest="types")
@@ -118,6 +121,8 @@ def cmd_audit(args: argparse.Namespace, out: Out) -> int:
     if args.html is not None and args.action != "report":
         raise ValidationError("--html", f"belongs to `audit report` (not `audit {args.action}`): "
                               f"fleetclaims audit report --html {args.html}")
+    if args.key and args.action != "anchor":
+        raise ValidationError("--key", "belongs to `audit anchor`: fleetclaims audit anchor --key")
     if args.anchor is not None and args.action != "verify":
         raise ValidationError("--anchor", "belongs to `audit verify`: fleetclaims audit verify "
                               f"--anchor {args.anchor}")
@@ -212,7 +217,20 @@ def _all_events(reg: Registry, after: int, filters: dict[str, Any]) -> list[dict
 
 def _audit_anchor(args: argparse.Namespace, out: Out) -> int:
     """The head (seq, hash) to record elsewhere (a commit trailer, a ticket)."""
-    state = reader(args).store.read()
+    reg = reader(args)
+    if args.key:
+        from pathlib import Path
+
+        from ..store.file import anchor as anchors
+
+        path, made = anchors.create_key()
+        directory = getattr(reg.store, "directory", None)
+        if directory is not None:  # this registry's anchor sealed now, the others at their
+            state = reg.store.read()  # next checkpoint
+            anchors.record(Path(directory), state, force=True)
+        sys.stderr.write(f"{'made' if made else 'using'} the key {path} (keep it 0600; it "
+                         "seals your registries' anchors)\n")
+    state = reg.store.read()
     if out.json:
         out.doc({"seq": state.seq, "head": state.head, "origin": state.origin,
                  "fence": state.fence, "anchor": f"{state.seq}:{state.head}"})
@@ -243,6 +261,26 @@ def _anchor_held(reg: Any, seq: int, digest: str) -> str | None:
     return f"the journal does not reach seq {seq}"
 
 
+def _mirror_problem(reg: Any) -> str | None:
+    """A file registry's own anchor (outside its folder): its head must be in the journal,
+    and, with the user's key, its seal must hold."""
+    directory = getattr(reg.store, "directory", None)
+    if directory is None:
+        return None
+    from pathlib import Path
+
+    from ..store.file import anchor as anchors
+
+    found = anchors.read(Path(directory))
+    if found is None:
+        return None
+    sealed = anchors.seal_problem(found)
+    if sealed is not None:
+        return sealed
+    missing = _anchor_held(reg, found.seq, found.head)
+    return None if missing is None else f"the registry's anchor {found.path}: {missing}"
+
+
 def _store_refusal(reg: Any) -> str | None:
     """Why the store would refuse to work (a lost history, a sealed line that cannot be
     applied, a journal missing), or None: verify fails whenever the store would."""
@@ -255,7 +293,7 @@ def _store_refusal(reg: Any) -> str | None:
         reg.claims(include_expired=True, include_completed=True, include_released=True)
     except FleetclaimsError as exc:
         return str(exc)
-    return None
+    return _mirror_problem(reg)
 
 
 def _audit_verify(args: argparse.Namespace, out: Out) -> int:

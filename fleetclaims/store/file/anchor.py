@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,7 @@ class Anchor:
     fence: int
     registry: str
     path: Path
+    mac: str | None = None  # HMAC with the user's key (see seal_problem), when there is one
 
     def to_dict(self) -> dict[str, object]:
         return {"format": FORMAT, "registry": self.registry, "origin": self.origin,
@@ -90,7 +93,9 @@ def read(directory: Path) -> Anchor | None:
     if not (isinstance(origin, str) and type(seq) is int and isinstance(head, str)
             and type(fence) is int):
         return None
-    return Anchor(origin, seq, head, fence, str(data.get("registry", "")), path)
+    mac = data.get("mac")
+    return Anchor(origin, seq, head, fence, str(data.get("registry", "")), path,
+                  mac if isinstance(mac, str) else None)
 
 
 def record(directory: Path, state: State, *, force: bool = False) -> None:
@@ -104,9 +109,13 @@ def record(directory: Path, state: State, *, force: bool = False) -> None:
         if old is not None and (old.origin != state.origin or old.seq >= state.seq):
             return
     path = anchor_file(directory)
-    data = orjson.dumps({"format": FORMAT, "registry": str(Path(directory).absolute()),
-                         "origin": state.origin, "seq": state.seq, "head": state.head,
-                         "fence": state.fence})
+    doc: dict[str, object] = {"format": FORMAT, "registry": str(Path(directory).absolute()),
+                              "origin": state.origin, "seq": state.seq, "head": state.head,
+                              "fence": state.fence}
+    key = load_key()
+    if key is not None:
+        doc["mac"] = _mac(key, state.origin, state.seq, state.head, state.fence)
+    data = orjson.dumps(doc)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -170,3 +179,71 @@ def lost(directory: Path, reason: str, anchor: Anchor | None, lock_fence: int) -
         seq=anchor.seq if anchor is not None else 0,
         fence=max(lock_fence, anchor.fence if anchor is not None else 0),
     )
+
+
+# --- the optional per-user key ------------------------------------------------------------------
+# A chain of plain SHA-256 seals can be re-sealed by anyone who rewrites the journal; the
+# anchor then names a head the forged journal does not hold, unless the forger rewrites the
+# anchor too. With a per-user key (0600, in the user state directory) the anchor carries an
+# HMAC of what it records, which nobody without the key can produce: `audit verify` checks it.
+
+
+def key_file() -> Path:
+    env = os.environ.get(ENV)
+    if env:
+        return Path(env) / "anchor.key"
+    from platformdirs import user_state_dir
+
+    return Path(user_state_dir("fleetclaims", appauthor=False)) / "anchor.key"
+
+
+def load_key() -> bytes | None:
+    """The user's key, or None (none made; or readable by others, hence worthless)."""
+    path = key_file()
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o077 or (hasattr(os, "geteuid") and st.st_uid != os.geteuid()):
+            return None
+        key = os.read(fd, 256).strip()
+    finally:
+        os.close(fd)
+    return key or None
+
+
+def create_key() -> tuple[Path, bool]:
+    """Make the user's key (0600) unless there is one; returns (its path, whether made)."""
+    path = key_file()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path, False
+    try:
+        os.write(fd, secrets.token_hex(32).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path, True
+
+
+def _mac(key: bytes, origin: str, seq: int, head: str, fence: int) -> str:
+    message = orjson.dumps([FORMAT, origin, seq, head, fence])
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def seal_problem(anchor: Anchor) -> str | None:
+    """Why the anchor's HMAC does not hold, or None (also None without a key)."""
+    key = load_key()
+    if key is None:
+        return None
+    if anchor.mac is None:
+        return (f"the anchor {anchor.path} carries no seal of your key (written before the key "
+                "was made: the next write seals it; or rewritten by someone without the key)")
+    wanted = _mac(key, anchor.origin, anchor.seq, anchor.head, anchor.fence)
+    if not hmac.compare_digest(wanted, anchor.mac):
+        return f"the anchor {anchor.path} is not sealed by your key: it was rewritten without it"
+    return None

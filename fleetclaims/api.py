@@ -39,7 +39,11 @@ def new_token() -> str:
     # commands (list, show, audit) never need.
     import secrets
 
-    return secrets.token_urlsafe(24)
+    # A token that starts with "-" reads as an option to a shell script's `--token $T`
+    # (argparse refuses it); drawing again costs nothing and keeps 192 random bits.
+    while (token := secrets.token_urlsafe(24)).startswith("-"):
+        pass
+    return token
 
 
 class Registry(QueueMethods):

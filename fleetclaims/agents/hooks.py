@@ -1,8 +1,10 @@
 """``fleetclaims hooks install|uninstall``: the guard as git hooks, chained to the hooks there.
 
-Each hook is a short ``sh`` script. Outside a claimed run (``FLEETCLAIMS_TASK`` unset) it starts
-no Python at all, so ordinary commits pay nothing; pre-push starts it only when a pushed commit
-carries a ``Claim:`` trailer, to check that fence against the task's lease on the remote. A
+Each hook is a short ``sh`` script. pre-commit and pre-push start the guard for every commit
+and push, in a claimed run or not: it checks the claim of a ``fleetclaims run`` (if any) and the
+changed paths against the paths other claims reserved (#23; it returns at once when nothing is
+staged or there is no registry); pre-push also checks the fences of pushed commits' ``Claim:``
+trailers against the tasks' leases on the remote (Python starts only when one is there). A
 hook that was already there is moved aside to ``<name>.fleetclaims-chained`` and called after
 the guard with the same arguments and stdin;
 ``uninstall`` moves it back, byte for byte. The hooks directory is the one git itself uses

@@ -176,7 +176,21 @@ def glob_match(glob: str, text: str) -> bool:
 @lru_cache(maxsize=65536)
 def overlap(a: str, b: str) -> bool:
     """Whether two normalised patterns can cover a common path (symmetric, exact)."""
-    sa, sb = _key(a), _key(b)
+    return overlap_keys(_key(a), _key(b))
+
+
+def overlap_keys(sa: tuple[str, ...], sb: tuple[str, ...]) -> bool:
+    """``overlap`` over casefolded segment tuples. The common prefix without ``**`` is walked
+    first (most pairs part there, at a literal or a glob); the rest is the general programme."""
+    start = 0
+    for a, b in zip(sa, sb, strict=False):
+        if a == ANY or b == ANY:
+            break
+        if a != b and not _segments_meet(a, b):
+            return False
+        start += 1
+    else:
+        return True  # one is used up: its directory rule covers whatever follows
     memo: dict[tuple[int, int], bool] = {}
 
     def meet(i: int, j: int) -> bool:
@@ -193,7 +207,7 @@ def overlap(a: str, b: str) -> bool:
             memo[(i, j)] = found
         return found
 
-    return meet(0, 0)
+    return meet(start, start)
 
 
 def covers(pattern: str, path: str) -> bool:
@@ -229,6 +243,7 @@ class Reserved:
     task: str
     pattern: str
     exclusive: bool
+    key: tuple[str, ...] = field(default=(), compare=False, repr=False)  # casefolded segments
 
 
 @dataclass(slots=True)
@@ -261,8 +276,8 @@ class PathIndex:
     def put(self, task: str, exclusive: Iterable[str], shared: Iterable[str]) -> None:
         """Replace ``task``'s reservations (none: forget the task)."""
         self.drop(task)
-        entries = (*(Reserved(task, p, True) for p in exclusive),
-                   *(Reserved(task, p, False) for p in shared))
+        entries = (*(Reserved(task, p, True, _key(p)) for p in exclusive),
+                   *(Reserved(task, p, False, _key(p)) for p in shared))
         if not entries:
             return
         self._by_task[task] = entries
@@ -312,9 +327,10 @@ class PathIndex:
         pattern on either side and an overlap. Deterministic order (input, then task)."""
         pairs = [*((p, True) for p in exclusive), *((p, False) for p in shared)]
         for pattern, excl in pairs:
-            found = sorted({r for r in self.candidates(pattern)
+            key = _key(pattern)
+            found = sorted({r for r in _walk(self._root, key, 0)
                             if r.task != task and (excl or r.exclusive)
-                            and overlap(pattern, r.pattern)},
+                            and overlap_keys(key, r.key)},
                            key=lambda r: (r.task, r.pattern))
             for reserved in found:
                 yield pattern, reserved

@@ -79,7 +79,7 @@ def release_padding(fd: int) -> None:
 
 
 class Settles(Protocol):
-    def settle(self, *, wait: bool, defer: bool = False) -> None: ...
+    def settle(self, *, wait: bool, defer: bool = False) -> bool: ...
 
 
 # Handles to settle at interpreter exit (a CLI command's end, a script that never closes).
@@ -145,12 +145,17 @@ class IdleKeeper:
                 del store
                 continue
             try:
-                store.settle(wait=False)
+                done = store.settle(wait=False)
             except Exception as exc:
                 import logging
 
                 logging.getLogger("fleetclaims").warning("fleetclaims: settling failed: %s", exc)
+                done = True
             del store
+            if not done:  # the handle was busy (a read in progress): try again shortly
+                self._wake.set()
+                if self._stopped.wait(0.05):
+                    return
 
 
 # A one-shot process (a CLI command) does not rewrite a large claims.json on its way out: that

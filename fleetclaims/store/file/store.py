@@ -362,18 +362,19 @@ class FileStore(History):
         """Whether claims.json is behind what this handle has read of the journal."""
         return self._offset > self._snap_offset
 
-    def settle(self, *, wait: bool, defer: bool = False) -> None:
+    def settle(self, *, wait: bool, defer: bool = False) -> bool:
         """Leave the files at rest: the counted refusals recorded, the padding trimmed (unless
-        another live writer uses it), claims.json at the journal head. Best effort."""
+        another live writer uses it), claims.json at the journal head. Best effort; False when
+        the handle was in use (the idle keeper tries again)."""
         if not self._mutex.acquire(blocking=wait):
-            return
+            return False
         try:
             at = self._rest
             if (self._poisoned is not None or self._pid != os.getpid() or self._fd < 0
                     or self._state is None or not at.dirty):
-                return  # (a handle that only read leaves the files as they are)
+                return True  # (a handle that only read leaves the files as they are)
             if not (wait or at.quiet()):
-                return  # written meanwhile: the keeper tries again later
+                return True  # written meanwhile: the keeper waits for quiet again
             with self._lock.held():
                 self._catch_up(writer=True)
                 owed = at.refusals.take()
@@ -394,6 +395,7 @@ class FileStore(History):
                 "fleetclaims: leaving %s at rest failed: %s", self.location, exc)
         finally:
             self._mutex.release()
+        return True
 
     def _checkpoint(self, *, unlocked: bool = False) -> None:
         """Write the snapshot by temp file + fsync + rename + directory fsync. Best effort: the

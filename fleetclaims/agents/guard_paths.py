@@ -31,8 +31,9 @@ REQUIRE_KEY = "fleetclaims.requirePaths"
 
 def _git(repo: str, *args: str) -> str:
     try:
-        done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
-                              check=False)
+        # (file names are bytes to git: one that is not UTF-8 is kept, escaped, not a crash)
+        done = subprocess.run(["git", *args], cwd=repo, capture_output=True, check=False,
+                              encoding="utf-8", errors="surrogateescape")
     except OSError as exc:
         raise GitFailed(args[0], str(exc)) from None
     if done.returncode != 0:

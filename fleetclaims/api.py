@@ -391,6 +391,9 @@ class Registry(QueueMethods):
         from .core.explain import explain
 
         task = validate.task(task)
+        quick = getattr(self.store, "task_events", None)  # (the file store: a bytes filter)
+        if quick is not None:
+            return explain(task, list(quick(task)))
         return explain(task, [e for e in self.store.iter_events(0)
                               if e.get("task") == task or e.get("type") == "registries_merged"])
 

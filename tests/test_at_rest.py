@@ -156,3 +156,39 @@ def test_an_hour_of_renewals_stays_under_a_megabyte(tmp_path: Path) -> None:
     reg.close()
     assert (d / "audit.jsonl").stat().st_size - before < 1_000_000
     assert fleetclaims.Registry(d).verify().ok
+
+
+@pytest.mark.parametrize("chunk", [40, 1 << 20])
+def test_task_events_match_the_full_read(tmp_path: Path, chunk: int,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """explain's quick path (a bytes search over chunks of whole lines, tiny chunks too) yields
+    exactly the events the full read yields for a task, not a task named in metadata."""
+    from fleetclaims.store.file import reader
+
+    monkeypatch.setattr(reader, "CHUNK", chunk)
+    d = tmp_path / "r"
+    reg = Registry(d)
+    for i in range(5):
+        c = reg.claim(f"t{i}", owner="a", ttl=60, metadata={"task": "t1"})
+        reg.complete(c.task, token=c.token or "")
+    reg.reopen("t1", reason="again", actor="a")
+    reg.claim("t1", owner="b", ttl=60)
+    store = reg.store
+    full = [e for e in store.iter_events(0) if e.get("task") == "t1"]
+    assert list(store.task_events("t1")) == full and len(full) == 4  # type: ignore[attr-defined]
+    assert reg.explain("t1").holder == "b"
+    reg.close()
+
+
+def test_task_events_refuse_a_tampered_line(tmp_path: Path) -> None:
+    """A line of the task whose seal fails is AuditCorrupt, not silently explained."""
+    from fleetclaims import AuditCorrupt
+
+    d = tmp_path / "r"
+    reg = Registry(d)
+    reg.claim("t1", owner="a", ttl=60)
+    reg.close()
+    path = d / "audit.jsonl"
+    path.write_bytes(path.read_bytes().replace(b'"owner":"a"', b'"owner":"z"'))
+    with pytest.raises(AuditCorrupt):
+        list(Registry(d).store.task_events("t1"))  # type: ignore[attr-defined]

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from ...core.chain import ChainError
+from ...core.chain import ChainError, check_seal
 from ...core.errors import AuditCorrupt
 from ...core.model import GENESIS
 from ..base import VerifyReport
@@ -262,6 +262,47 @@ def events_after(fd: int, path: str, after: int, end: int) -> Iterator[dict[str,
             raise reader.corrupt()
     finally:
         os.close(fd)
+
+
+def task_lines(fd: int, path: str, task: str, end: int) -> Iterator[dict[str, Any]]:
+    """The events whose ``task`` is ``task``, and merges, among the lines before ``end``: large
+    chunks of whole lines are searched for the bytes (no per-line Python work: ~0.3 s a 400 MB
+    journal), then each candidate line's seal is checked and it is parsed, in journal order;
+    closes ``fd`` when done. (Not mmap: a journal cut back under a mapping raises SIGBUS.)"""
+    needles = (b'"task":' + orjson.dumps(task), b'"type":"registries_merged"')
+    size = CHUNK * 8
+    try:
+        pos = 0
+        while pos < end:
+            chunk = os.pread(fd, min(size, end - pos), pos)
+            cut = chunk.rfind(b"\n") + 1
+            if not cut:  # no whole line (a line longer than the chunk, or the end moved)
+                if len(chunk) < min(size, end - pos):
+                    return
+                size *= 2
+                continue
+            starts: set[int] = set()
+            for needle in needles:
+                at = chunk.find(needle, 0, cut)
+                while at >= 0:
+                    starts.add(chunk.rfind(b"\n", 0, at) + 1)
+                    at = chunk.find(needle, chunk.find(b"\n", at, cut) + 1, cut)
+            for line_at in sorted(starts):
+                line = chunk[line_at : chunk.find(b"\n", line_at, cut)]
+                yield from _task_event(line, task, path, pos + line_at)
+            pos += cut
+    finally:
+        os.close(fd)
+
+
+def _task_event(line: bytes, task: str, path: str, offset: int) -> Iterator[dict[str, Any]]:
+    try:
+        check_seal(line)
+        event = orjson.loads(line)
+    except (ChainError, orjson.JSONDecodeError) as exc:
+        raise AuditCorrupt(path, seq=seq_of(line) or 0, offset=offset, reason=str(exc)) from None
+    if event.get("task") == task or event.get("type") == "registries_merged":
+        yield event
 
 
 def verify_fd(

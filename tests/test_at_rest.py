@@ -118,6 +118,13 @@ def test_repeated_refusals_coalesce_into_one_line(tmp_path: Path) -> None:
     assert len(refusals) == 2
     assert refusals[0]["owner"] == "poller" and refusals[0]["holder"] == "holder"
     assert refusals[1]["count"] == 99 and refusals[1]["last"] > refusals[1]["first"]
+    # the review counts what the lines stand for
+    from fleetclaims.review import facts
+
+    events = _plain(d / "audit.jsonl")
+    poller = [o for o in facts.owner_summary(events) if o.owner == "poller"]
+    assert poller and poller[0].rejected == 100
+    assert [w.refusals for w in facts.waits(events) if w.task == "x"] == [100]
 
 
 def test_four_pollers_for_a_minute_add_under_100kb(tmp_path: Path) -> None:

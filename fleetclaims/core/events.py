@@ -106,7 +106,7 @@ CLAIM_CREATED: Final = _declare(
     "claim_created", _GRANT, "{owner} claimed {task} (fence {fence})", ("reason", "fence_floor"))
 CLAIM_REJECTED: Final = _declare(
     "claim_rejected", ("task", "actor", "owner", "reason"),
-    "{owner} was refused {task}: {reason}",
+    "{owner} was refused {task}: {reason}",  # (a line with count: that many more times)
     # count/first/last: repeats of one refusal (same requester, task, holder) in one line.
     ("holder", "fence", "expires_at", "count", "first", "last"))
 LEASE_RENEWED: Final = _declare(
@@ -212,6 +212,13 @@ _RETIRE_CAUSE = {
     CLAIM_PREEMPTED: "preempted",
     CLAIM_HANDED_OFF: "handed_off",
 }
+
+
+def refusals(event: Mapping[str, Any]) -> int:
+    """How many refusals a ``claim_rejected`` line stands for: repeats of one refusal are
+    recorded as one line with ``count`` (the first of a run is a line of its own)."""
+    count = event.get("count")
+    return count if type(count) is int and count > 0 else 1
 
 
 def narrate(event: Mapping[str, Any]) -> str:

@@ -336,7 +336,7 @@ def owner_summary(
         owner, ts = _str(e.get("owner")), _num(e.get("ts"))
         if owner is not None and ts is not None and _in(ts, since, until) and (
                 tasks is None or e.get("task") in tasks):
-            bump(owner, key)
+            bump(owner, key, ev.refusals(e) if key == "rejected" else 1)
     return [OwnerSummary(o, int(r.get("claims", 0)), int(r.get("completions", 0)),
                          int(r.get("recoveries", 0)), int(r.get("lost", 0)),
                          int(r.get("rejected", 0)), r.get("held_seconds", 0.0),
@@ -362,7 +362,7 @@ def waits(events: Iterable[Event], sel: Selection | None = None) -> list[Wait]:
             if row is None:
                 row = rows[task] = {"n": 0, "who": set(), "waits": 0, "total": 0.0,
                                     "long": -1.0, "long_owner": "", "gave_up": 0, "last": ts}
-            row["n"] += 1
+            row["n"] += ev.refusals(e)
             row["who"].add(owner)
             row["last"] = ts
             waiting.setdefault(owner, {}).setdefault(task, ts)

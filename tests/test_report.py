@@ -21,6 +21,7 @@ import pytest
 
 from fleetclaims import Registry
 from fleetclaims.core.model import Claim, Now
+from fleetclaims.core.rules import DEFAULT_MAX_PARK
 from fleetclaims.errors import ClaimConflict
 from fleetclaims.review import report
 
@@ -132,7 +133,9 @@ def test_open_and_stale_bars(journal: tuple[list[dict[str, Any]], float]) -> Non
     lint_a = next(h for h in later if (h.task, h.owner) == ("lint", "agent-a"))
     assert lint_a.held_until == lint_a.start_ts + 30 < lint_a.end_ts  # stale before recovery
     parked = next(h for h in later if (h.task, h.owner) == ("build/x", "agent-c"))
-    assert parked.expires_at is None and parked.held_until == parked.end_ts
+    # Parked with no owner process to watch: bounded by the default maximum park time (#17).
+    assert parked.expires_at == parked.end_ts + DEFAULT_MAX_PARK
+    assert parked.held_until == parked.end_ts
 
 
 def test_superseded_closes_the_loser_only() -> None:

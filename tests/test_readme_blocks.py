@@ -139,6 +139,7 @@ def _workdir(tmp_path: Path, block: Block) -> tuple[Path, dict[str, str]]:
     shims = tmp_path / f"path-{block.line}"
     shims.mkdir()
     (shims / "fleetclaims").symlink_to(repo / ".venv" / "bin" / "fleetclaims")
+    (shims / "python").symlink_to(repo / ".venv" / "bin" / "python")  # an activated venv
     (shims / "claude").write_text("#!/bin/sh\nexit 0\n")  # the agent a run would start
     (shims / "claude").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETCLAIMS_")}

@@ -119,8 +119,8 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
                 journal = None
                 journal = scan_journal(path, None)
                 needs_salvage = True
-            if needs_salvage and journal.break_seq is not None and reserialised.repair(
-                    path, report):
+            # (a tool re-serialises every line: the first one fails, or it is not one)
+            if needs_salvage and journal.break_seq == 1 and reserialised.repair(path, report):
                 needs_salvage, history_fix = False, True  # (the note is acknowledged below)
             if needs_salvage:
                 done = salvage(path, journal, _read_snapshot(path)[0], report)
@@ -131,8 +131,9 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
             if needs_salvage or history_fix:
                 # What was recorded outside the journal (anchor, fence mark) and is not in it
                 # any more is named in it, and fences go on above it.
-                journal = None
-                journal = scan_journal(path, None)
+                if not (journal.salvaged and needs_salvage):
+                    journal = None
+                    journal = scan_journal(path, None)
                 doctor_history.acknowledge(path, lock, journal)
         journal = snapshot = None  # what the store and the check below load is theirs
         if not done:

@@ -64,6 +64,7 @@ class JournalScan:
     break_offset: int | None = None
     break_reason: str | None = None
     torn: int = 0
+    salvaged: bool = False  # describes the journal salvage wrote (see salvage)
 
 
 def scan_journal(path: Path, snapshot: Snapshot | None) -> JournalScan:
@@ -243,6 +244,11 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
         end = _write_journal(path, fd, journal.good_end, lines.lines)
         crash_point("doctor.after_switch")
         lines.lines.clear()
+        if lines.applied:  # the scan now describes the salvaged journal (no second pass)
+            journal.exists, journal.good_end, journal.size, journal.data_end = True, end, end, end
+            journal.break_seq = journal.break_offset = journal.break_reason = None
+            journal.torn = 0
+            journal.salvaged = True
     finally:
         if fd >= 0:
             os.close(fd)

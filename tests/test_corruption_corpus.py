@@ -34,6 +34,7 @@ from fleetclaims import (
     AuditCorrupt,
     FleetclaimsError,
     HistoryLost,
+    Registry,
     RegistryCorrupt,
     UnsafeRegistry,
 )
@@ -167,7 +168,7 @@ def _flip(data: bytes, at: int, mask: int = 0x01) -> bytes:
 
 # --- the corpus -------------------------------------------------------------------------------
 # outcome: ("exact",) | ("prefix", k) | ("audit", seq, offset, after_fix) | ("corrupt", after_fix)
-#          | ("unsafe",) | ("verify_only", seq, offset) | ("empty",) | ("lost", k)
+#          | ("unsafe",) | ("verify_only", seq, offset) | ("empty",) | ("lost", k) | ("reset",)
 # after_fix: "exact" or an int k (the state after the first k lines).
 
 
@@ -338,6 +339,68 @@ for _k, _at in ((11, 1), (11, -10), (11, -70), (11, None), (10, 30)):
 @case("journal-last-line-dropped-cleanly", "lost", 11)
 def _(d: Path, b: Base) -> None:
     _write_lines(d, b.lines[:11])
+
+
+@case("journal-cut-tail-no-snapshot", "lost", 9)
+def _(d: Path, b: Base) -> None:
+    """Cut tail without a snapshot: the anchor knows what was lost."""
+    _write_lines(d, b.lines[:9])
+    _snap(d).unlink()
+
+
+def _foreign_journal(d: Path) -> bytes:
+    other = d.parent / "other"
+    reg = Registry(other)
+    for i in range(3):
+        reg.claim(f"foreign-{i}", owner="x")
+    reg.close()
+    data = _journal(other).read_bytes().rstrip(b"\0")
+    _journal(d).write_bytes(data)
+    return data
+
+
+@case("journal-foreign-snapshot-kept", "lost", SNAP_AT)
+def _(d: Path, b: Base) -> bytes:
+    """Another registry's journal over ours, our snapshot kept: refused (not adopted, our
+    snapshot not quarantined as unanchored); doctor --fix restores our snapshot's claims."""
+    return _foreign_journal(d)
+
+
+@case("journal-foreign-no-snapshot", "reset")
+def _(d: Path, b: Base) -> bytes:
+    """Another registry's journal and no snapshot of ours: nothing to restore."""
+    _snap(d).unlink()
+    return _foreign_journal(d)
+
+
+@case("folder-wiped-outside-a-repository", "reset")
+def _(d: Path, b: Base) -> None:
+    """The registry folder removed (git clean, rm -r): its anchor outside remembers it."""
+    shutil.rmtree(d)
+
+
+@case("snapshot-forged-fence-at-head", "exact")
+def _(d: Path, b: Base) -> bytes:
+    """A snapshot at the journal's end with fence 0 (checksum right): the fence mark in
+    claims.lock exposes it; rebuilt from the journal, the next fence is the old top + 1."""
+    state = replay(b.lines)
+    state.fence = 0
+    data = encode_snapshot(state, b.offsets[b.n])
+    _snap(d).write_bytes(data)
+    return data
+
+
+@case("journal-forged-grant-appended-rechained", "audit", 13, "end", "exact")
+def _(d: Path, b: Base) -> None:
+    """A re-sealed, correctly chained claim_created reusing fence 1 appended at the end: the
+    chain verifies; applying it fails (a grant is the high-water + 1)."""
+    forged = orjson.loads(b.lines[1])  # fence 1
+    last = orjson.loads(b.lines[-1])
+    forged.update(seq=last["seq"] + 1, task="forged", prev=last["hash"])
+    del forged["hash"]
+    line, _ = seal(orjson.dumps(forged))
+    with open(_journal(d), "ab") as f:
+        f.write(line if line.endswith(b"\n") else line + b"\n")
 
 
 @case("journal-junk-before", "audit", 1, 0, SNAP_AT)
@@ -618,10 +681,28 @@ def test_corpus_case(case: Case, base: Base, tmp_path: Path) -> None:
         fixed = doctor.check(d, fix=True)
         assert fixed.ok, fixed.to_dict()
         assert doctor.check(d, fix=True).ok  # run twice: converged
-        assert _journal(d).read_bytes().startswith(damaged_journal or b"")
+        assert _journal(d).read_bytes().startswith(damaged_journal or b"") or (
+            damaged_journal in quarantined(d).values())  # (a foreign journal: kept aside)
         state = _state(d)
         assert _view_without(state) == _expected_view(base, case.outcome[1])
         assert state.fence >= max(base.fences)
+        _write(d)
+        assert _state(d).fence == max(base.fences) + 1  # no fence handed out twice
+        assert doctor.check(d).ok
+    elif kind == "reset":
+        # Nothing of this registry is left to restore: refused, doctor cannot fix it, and only
+        # a deliberate `init --new-history` goes on, above every fence handed out.
+        for op in (lambda: _state(d), lambda: _write(d)):
+            _assert_typed(op, HistoryLost)
+        assert not doctor.check(d, fix=True).ok
+        if damaged_journal is not None:
+            assert _journal(d).read_bytes() == damaged_journal  # untouched by the refusal
+        from fleetclaims.cli import main
+
+        assert main(["init", "--new-history", "--dir", str(d)]) == 0
+        if damaged_journal is not None:
+            assert damaged_journal in quarantined(d).values()
+        assert claims_view(_state(d)) == {}
         _write(d)
         assert _state(d).fence == max(base.fences) + 1  # no fence handed out twice
         assert doctor.check(d).ok

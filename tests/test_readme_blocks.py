@@ -78,6 +78,12 @@ REPLACED: dict[str, tuple[str, str]] = {
         "the next line uses $TOKEN, which a reader copies from this command's output"),
 }
 
+# Waits the README shows are met at once; bounded here so that a regression fails in seconds
+# instead of waiting the hour a reader allows.
+for _wait in ("--wait 10m", "--wait 1h", "wait=600)"):
+    REPLACED[_wait] = (_wait.replace("10m", "20s").replace("1h", "20s").replace("600)", "20)"),
+                       "a wait met at once in the README: bounded to 20 s here")
+
 #: (block's first line, command prefix) -> exit status the README shows it refused with
 REFUSED: dict[tuple[str, str], int] = {
     ("fleetclaims claim issue-42 --owner agent-a --ttl 10m",
@@ -185,7 +191,7 @@ def run_shell(block: Block, cwd: Path, env: dict[str, str], scratch: Path) -> No
 
 def run_python(block: Block, cwd: Path, env: dict[str, str]) -> None:
     """The block as a script; blocks that continue the tour's `reg` get it defined first."""
-    code = block.text
+    code = _replace(block.text)
     if "reg = Registry(" not in code and "reg." in code:
         code = "from fleetclaims import Registry\nreg = Registry()\n" + code
     done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,

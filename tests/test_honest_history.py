@@ -19,6 +19,7 @@ from fc_support import journal_lines, quarantined, replay, run_python
 
 from fleetclaims import AuditCorrupt, HistoryLost, Registry, RegistryCorrupt
 from fleetclaims.core.chain import seal
+from fleetclaims.location import resolve as fleetclaims_location
 from fleetclaims.store.file import anchor, doctor
 from fleetclaims.store.file.snapshot import encode_snapshot, read_snapshot
 
@@ -118,27 +119,43 @@ def _git(cwd: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
-@pytest.mark.parametrize("layout", ["repository", "worktree"])
+@pytest.mark.parametrize("layout", ["repository", "worktree", "bare"])
 def test_git_clean_in_a_repository_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               layout: str) -> None:
     """git clean -fdx removes .cache/fleetclaims/: the anchor in the git common dir (shared by
-    worktrees) survives it, so the next command refuses instead of handing out fence 1."""
+    worktrees, a bare repository's own directory) survives it, so the next command refuses
+    instead of handing out fence 1; init --new-history starts above the old fences."""
     monkeypatch.delenv("FLEETCLAIMS_ANCHOR_DIR")
     monkeypatch.delenv("FLEETCLAIMS_DIR")
     repo = tmp_path / "repo"
     repo.mkdir()
-    _git(repo, "init", "-q")
-    _git(repo, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty",
-         "-m", "x")
-    where = repo
-    if layout == "worktree":
-        where = tmp_path / "wt"
+    commit = ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty",
+              "-m", "x"]
+    if layout == "bare":
+        _git(repo, "init", "-q", "--bare")
+        seed = tmp_path / "seed"
+        _git(tmp_path, "clone", "-q", str(repo), str(seed))
+        _git(seed, *commit)
+        _git(seed, "push", "-q", "origin", "HEAD")
+        common, where = repo, tmp_path / "wt"
         _git(repo, "worktree", "add", "-q", str(where))
+        d = where / ".cache" / "fleetclaims"
+    else:
+        _git(repo, "init", "-q")
+        _git(repo, *commit)
+        common, where = repo / ".git", repo
+        if layout == "worktree":
+            where = tmp_path / "wt"
+            _git(repo, "worktree", "add", "-q", str(where))
+        d = repo / ".cache" / "fleetclaims"
     monkeypatch.chdir(where)
-    d = repo / ".cache" / "fleetclaims"
+    assert Path(fleetclaims_location()) == d
     top = _history(d)
-    assert (repo / ".git" / "fleetclaims" / "anchor.json").is_file()
-    _git(repo, "clean", "-fdxq")
+    mirror = anchor.anchor_file(d)
+    assert mirror.is_file() and common.resolve() in mirror.resolve().parents
+    if layout != "bare":
+        assert mirror == common / "fleetclaims" / "anchor.json"
+    _git(d.parents[1], "clean", "-fdxq")  # (in the working tree that holds the registry)
     assert not d.exists()
     with pytest.raises(HistoryLost):
         Registry(d).claim("x", owner="b")

@@ -168,16 +168,18 @@ def check_vanished(directory: Path) -> None:
     if anchor is not None:
         raise lost(directory, f"the registry folder was removed or emptied: journal and "
                     f"snapshot are gone (registry {anchor.origin} had reached seq {anchor.seq})",
-                    anchor, 0)
+                    anchor, 0, restorable=False)
 
 
-def lost(directory: Path, reason: str, anchor: Anchor | None, lock_fence: int) -> HistoryLost:
+def lost(directory: Path, reason: str, anchor: Anchor | None, lock_fence: int, *,
+         restorable: bool = True) -> HistoryLost:
     return HistoryLost(
         str(directory), reason,
         anchor=str(anchor.path) if anchor is not None else str(directory / "claims.lock"),
         origin=anchor.origin if anchor is not None else "?",
         seq=anchor.seq if anchor is not None else 0,
         fence=max(lock_fence, anchor.fence if anchor is not None else 0),
+        restorable=restorable,
     )
 
 

@@ -111,13 +111,15 @@ class IdleKeeper:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self.last = time.monotonic()
+        self.sleeping = False
+        self._settled = -1.0  # ``last`` as of the last settle
         self.pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name="fleetclaims-idle", daemon=True)
         self._thread.start()
 
-    def touch(self) -> None:
-        self.last = time.monotonic()
-        if not self._wake.is_set():
+    def touch(self, when: float) -> None:
+        self.last = when
+        if self.sleeping:  # (it looks at ``last`` again after saying so: no lost wake-up)
             self._wake.set()
 
     def stop(self, *, join: bool = False) -> None:
@@ -129,8 +131,12 @@ class IdleKeeper:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait()
-            while True:
+            self.sleeping = True
+            if self.last <= self._settled:  # nothing written since: sleep until a write
+                self._wake.wait()
+            self._wake.clear()
+            self.sleeping = False
+            while True:  # until IDLE seconds passed without a write
                 left = self.last + IDLE - time.monotonic()
                 if left <= 0:
                     break
@@ -139,11 +145,7 @@ class IdleKeeper:
             store = self._store()
             if store is None:
                 return
-            self._wake.clear()
-            if time.monotonic() - self.last < IDLE:  # touched meanwhile: wait again
-                self._wake.set()
-                del store
-                continue
+            mark = self.last
             try:
                 done = store.settle(wait=False)
             except Exception as exc:
@@ -152,10 +154,10 @@ class IdleKeeper:
                 logging.getLogger("fleetclaims").warning("fleetclaims: settling failed: %s", exc)
                 done = True
             del store
-            if not done:  # the handle was busy (a read in progress): try again shortly
-                self._wake.set()
-                if self._stopped.wait(0.05):
-                    return
+            if done:
+                self._settled = mark
+            elif self._stopped.wait(0.05):  # the handle was busy (a read): try again shortly
+                return
 
 
 # A one-shot process (a CLI command) does not rewrite a large claims.json on its way out: that
@@ -240,6 +242,7 @@ class Refusals:
 
     def __init__(self) -> None:
         self._seen: dict[tuple[Any, ...], list[Any]] = {}  # key -> [event, count, first, last]
+        self.counted = 0  # repeats counted and not yet recorded (0 on the hot path: one test)
 
     @staticmethod
     def key(event: dict[str, Any]) -> tuple[Any, ...]:
@@ -256,13 +259,11 @@ class Refusals:
             self._seen[key] = [events[0], 0, wall, wall]
             return False
         seen[1] += 1
+        self.counted += 1
         if seen[1] == 1:
             seen[2] = wall
         seen[3] = wall
         return True
-
-    def pending(self) -> bool:
-        return any(s[1] for s in self._seen.values())
 
     def due(self, wall: float) -> bool:
         return any(s[1] and wall - s[2] >= REFUSAL_FLUSH for s in self._seen.values())
@@ -275,11 +276,13 @@ class Refusals:
             if count:
                 out.append({**event, "count": count, "first": first, "last": last})
                 seen[1] = 0  # the key stays known: the next repeat is counted again
+        self.counted = 0
         return out
 
     def forget(self) -> None:
         """At rest: the next refusal of any key is recorded in full again."""
         self._seen.clear()
+        self.counted = 0
 
 
 class AtRest:
@@ -304,10 +307,10 @@ class AtRest:
     def quiet(self) -> bool:
         return time.monotonic() - self.last_write >= IDLE
 
-    def checkpoint_late(self, snapshot: str) -> bool:
+    def checkpoint_late(self, snapshot: Any) -> bool:
         """While busy, claims.json lags the head by at most ~IDLE seconds: True once a second,
         unless another writer checkpointed within that second. A one-shot write never is."""
-        now = time.monotonic()
+        now = self.last_write  # (read by busy() for the write just made)
         if not self._snap_mono:
             self._snap_mono = now
         if now - self._snap_mono < IDLE:
@@ -318,12 +321,12 @@ class AtRest:
         except OSError:
             return True
 
-    def wrote(self, store: Settles) -> None:
+    def wrote(self, store: Settles, pid: int) -> None:
         """After a write: the idle keeper settles the handle once it has been quiet."""
         self.dirty = True
         keeper = self.keeper
-        if keeper is not None and keeper.pid == os.getpid():
-            keeper.touch()
+        if keeper is not None and keeper.pid == pid:
+            keeper.touch(self.last_write)
             return
         self.keeper = IdleKeeper(store)
         settle_at_exit(store)

@@ -208,10 +208,11 @@ class FileStore(History):
             seq_before = state.seq
             events = decision.events
             # A refusal is no state change: never fsynced, and a repeat is only counted.
-            quiet = all(e["type"] == ev.CLAIM_REJECTED for e in events)
-            if events and not (quiet and self._rest.refusals.absorb(events, now.wall)):
-                owed = self._rest.refusals
-                if (not quiet and owed.pending()) or owed.due(now.wall):
+            quiet = decision.error is not None and all(
+                e["type"] == ev.CLAIM_REJECTED for e in events)
+            owed = self._rest.refusals
+            if events and not (quiet and owed.absorb(events, now.wall)):
+                if owed.counted and (not quiet or owed.due(now.wall)):
                     events = (*owed.take(), *events)
                 # Group commit: write under the lock, fdatasync after releasing it, so the
                 # flushes of concurrent writers overlap and share one ext4 journal commit.
@@ -226,7 +227,7 @@ class FileStore(History):
             crash_point("journal.after_sync")
             if self._checkpoint_due():
                 self._checkpoint(unlocked=True)
-            self._rest.wrote(self)
+            self._rest.wrote(self, self._pid)
         assert self._state is not None
         return decision, self._state
 
@@ -356,7 +357,7 @@ class FileStore(History):
         tail = self._offset - self._snap_offset
         if tail > max(CHECKPOINT_MIN_TAIL, self._snap_size // CHECKPOINT_DIVISOR):
             return True
-        return tail > 0 and self._rest.checkpoint_late(str(self.snapshot_path))
+        return tail > 0 and self._rest.checkpoint_late(self.snapshot_path)
 
     def lagging(self) -> bool:
         """Whether claims.json is behind what this handle has read of the journal."""

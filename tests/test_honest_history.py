@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from fc_support import journal_lines, quarantined, replay, run_python
+from fc_support import file_store, journal_lines, quarantined, replay, run_python
 
 from fleetclaims import AuditCorrupt, HistoryLost, Registry, RegistryCorrupt
 from fleetclaims.core.chain import seal
@@ -236,7 +236,8 @@ def test_forged_appended_grant_reusing_a_fence_is_damage(tmp_path: Path) -> None
         Registry(d).claim("x", owner="b")
     reg = Registry(d)
     assert "forged" not in {c.task for c in reg.claims()}  # reads show the verified state
-    assert reg.store.damage is not None and reg.store.damage.seq == last["seq"] + 1
+    damage = file_store(reg).damage
+    assert damage is not None and damage.seq == last["seq"] + 1
     assert not doctor.check(d).ok
 
 

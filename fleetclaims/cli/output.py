@@ -8,6 +8,7 @@ lives here and every command, the guard and ``run`` take their status from it.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -50,8 +51,8 @@ EXIT_CODES: dict[str, int] = {
     "stale": EXIT_NOT_HOLDER,        # guard: the run's claim may be taken over
     "corrupt": EXIT_DAMAGED,         # repair with `doctor --fix`
     "audit_corrupt": EXIT_DAMAGED,
-    "read_only": EXIT_ERROR,         # PostgreSQL: a standby or read-only database
     "history_lost": EXIT_DAMAGED,    # the anchor outside the folder records more history
+    "read_only": EXIT_ERROR,         # PostgreSQL: a standby or read-only database
     "too_many_connections": EXIT_ERROR,  # PostgreSQL: no connection slot free
     "schema_mismatch": EXIT_ERROR,   # PostgreSQL: schema missing or newer than the code
     "no_registry": EXIT_USAGE,       # a read, merge or migrate --from where none exists
@@ -98,8 +99,11 @@ def write_private(path: str, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
                  0o600)
     with open(fd, "w", encoding="utf-8", newline="") as fh:
-        if hasattr(os, "fchmod"):
-            os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+        # An existing file keeps its mode through O_CREAT, so narrow it; but only a regular
+        # file: `-o /dev/null` or a pipe must not have the device's own mode changed (as root,
+        # that made /dev/null unwritable for every other user of the machine).
+        if hasattr(os, "fchmod") and stat.S_ISREG(os.fstat(fd).st_mode):
+            os.fchmod(fd, 0o600)
         fh.write(text)
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from fleetclaims.testing import FakeClock
 pytestmark = pytest.mark.integration
 
 
-def _plain(path: Path) -> list[dict[str, object]]:
+def _plain(path: Path) -> list[dict[str, Any]]:
     data = path.read_bytes()
     assert b"\0" not in data and data.endswith(b"\n")
     return [json.loads(line) for line in data.splitlines()]

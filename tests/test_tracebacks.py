@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fc_support import file_store
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -65,7 +66,12 @@ hostile = st.one_of(text, number, json_any, deep, st.binary(max_size=12),
 
 
 def journal_digest(reg: fleetclaims.Registry) -> str:
-    """The registry's files as one digest: a refusal must leave every byte as it was."""
+    """The registry's files as one digest: a refusal must leave every byte as it was.
+
+    The registry is brought to rest first (counted refusals recorded, padding trimmed,
+    claims.json at the head), so the idle keeper's own settle cannot land between the two
+    digests and pass for a write by the refused call."""
+    file_store(reg).settle(wait=True)
     digest = hashlib.sha256()
     for name in ("audit.jsonl", "claims.json"):
         path = Path(reg.location) / name

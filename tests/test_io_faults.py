@@ -75,6 +75,7 @@ def _small_checkpoints(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # The faults armed here count every process-wide call: an idle keeper settling (trimming
     # the padding) during a slow step would take the fault meant for the operation under test.
     monkeypatch.setattr(rest, "IDLE", 3600.0)
+    rest._settle_all()  # handles an earlier test left open: at rest now, so their keepers sleep
     yield
     faults.disarm()
 

@@ -35,6 +35,7 @@ def start(directory: Path, *args: str, env: dict[str, str] | None = None,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+@pytest.mark.slow
 def test_cli_recover_records_no_owner_process(tmp_path: Path) -> None:
     """`recover` from the CLI leaves no owner process on the claim (the command exits at once):
     the recovered claim is not stale a moment later; with --pid it names that process."""
@@ -60,6 +61,7 @@ def test_cli_recover_records_no_owner_process(tmp_path: Path) -> None:
         keeper.kill()
 
 
+@pytest.mark.slow
 def test_fleetclaims_owner_is_honoured_by_claim_next_and_run(tmp_path: Path) -> None:
     """FLEETCLAIMS_OWNER names the owner of `claim`, `next` and `run` when --owner is absent;
     without either, they refuse (exit 2) and say how to name one."""
@@ -77,6 +79,7 @@ def test_fleetclaims_owner_is_honoured_by_claim_next_and_run(tmp_path: Path) -> 
         assert refused.returncode == 2 and "FLEETCLAIMS_OWNER" in refused.stderr, args
 
 
+@pytest.mark.slow
 def test_a_parked_claim_without_owner_process_ends_after_its_maximum(tmp_path: Path) -> None:
     """A claim parked from the CLI (no owner process) records a maximum park time (1 day by
     default, --max-park to choose); once past it, sweep marks it stale and says why, explain
@@ -97,6 +100,7 @@ def test_a_parked_claim_without_owner_process_ends_after_its_maximum(tmp_path: P
     assert cli(d, "claim", "t", "--owner", "b", "--take-stale").returncode == 0
 
 
+@pytest.mark.slow
 def test_a_parked_claim_with_owner_process_ends_with_it(tmp_path: Path) -> None:
     """Parked with an owner process (--pid), the claim is stale as soon as that process dies,
     long before any maximum, and sweep says the owner is dead."""
@@ -161,6 +165,7 @@ def _wait_for(path: Path) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_run_stops_the_grandchild_when_the_lease_is_lost(tmp_path: Path) -> None:
     """Lease lost (an operator force-releases): run stops the command's whole process group,
     so the grandchild stops writing at once, and exits 4."""
@@ -174,6 +179,7 @@ def test_run_stops_the_grandchild_when_the_lease_is_lost(tmp_path: Path) -> None
     proc.communicate()
 
 
+@pytest.mark.slow
 def test_run_ctrl_c_stops_the_group(tmp_path: Path) -> None:
     """Ctrl-C (SIGINT to run) reaches the whole group: the grandchild stops, the claim is
     released."""
@@ -188,6 +194,7 @@ def test_run_ctrl_c_stops_the_group(tmp_path: Path) -> None:
     assert Registry(d).get("t").state == "released"  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_run_timeout_kills_a_grandchild_that_ignores_sigterm(tmp_path: Path) -> None:
     """--timeout stops the group; a grandchild that ignores SIGTERM gets SIGKILL after --grace;
     run exits 124 and releases the claim."""
@@ -203,6 +210,7 @@ def test_run_timeout_kills_a_grandchild_that_ignores_sigterm(tmp_path: Path) -> 
     assert Registry(d).get("t").state == "released"  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_run_leaves_nothing_running_when_the_command_exits(tmp_path: Path) -> None:
     """A command that exits 0 leaving a background grandchild: the claim completes and the
     grandchild is stopped with it."""
@@ -218,6 +226,7 @@ def test_run_leaves_nothing_running_when_the_command_exits(tmp_path: Path) -> No
     assert Registry(d).get("t").state == "completed"  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_run_next_runs_the_best_ready_task(tmp_path: Path) -> None:
     """`run --next --label L` claims the best ready task with that label and gives its id to
     the command; nothing ready: exit 3 and nothing is started; --wait waits for one."""
@@ -243,6 +252,7 @@ def test_run_next_runs_the_best_ready_task(tmp_path: Path) -> None:
     assert cli(d, "run", "t", "--next", "--", "true", env=env).returncode == 2
 
 
+@pytest.mark.slow
 def test_add_from_file_is_one_transaction(tmp_path: Path) -> None:
     """`add --from` takes JSON Lines or one JSON list (id, title, description, labels, priority,
     depends_on), all in one transaction: a bad item adds nothing; titles and descriptions show

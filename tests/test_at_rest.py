@@ -42,6 +42,7 @@ def test_close_leaves_plain_jsonl_and_claims_json_at_head(tmp_path: Path) -> Non
     assert entry["expires_at"] > 0
 
 
+@pytest.mark.slow
 def test_idle_process_settles_within_a_second(tmp_path: Path) -> None:
     """A long-lived handle that stops writing trims its padding and checkpoints by itself."""
     d = tmp_path / "r"
@@ -91,6 +92,7 @@ def test_trim_spares_padding_another_live_writer_uses(tmp_path: Path) -> None:
     assert len(_plain(d / "audit.jsonl")) == 12
 
 
+@pytest.mark.slow
 def test_cli_command_leaves_the_registry_at_rest(tmp_path: Path) -> None:
     """A CLI claim on a fresh registry leaves claims.json and a plain log."""
     d = tmp_path / "r"
@@ -128,6 +130,7 @@ def test_repeated_refusals_coalesce_into_one_line(tmp_path: Path) -> None:
     assert [w.refusals for w in facts.waits(events) if w.task == "x"] == [100]
 
 
+@pytest.mark.slow
 def test_four_pollers_for_a_minute_add_under_100kb(tmp_path: Path) -> None:
     """Scaled time: 4 pollers refused every 10 ms for 60 s add < 100 KB to the journal."""
     clock = FakeClock()
@@ -149,6 +152,7 @@ def test_four_pollers_for_a_minute_add_under_100kb(tmp_path: Path) -> None:
 
 
 @pytest.mark.xfail(strict=True, reason="compact renewal lines not built yet (~355 B a line)")
+@pytest.mark.slow
 def test_an_hour_of_renewals_stays_under_a_megabyte(tmp_path: Path) -> None:
     """Scaled time: a holder renewing every second for an hour adds < 1 MB."""
     clock = FakeClock()

@@ -72,6 +72,7 @@ def run_brief(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedPro
                           capture_output=True, text=True, env=full, timeout=60, check=False)
 
 
+@pytest.mark.slow
 def test_cli_text_json_and_owner_from_environment(tmp_path: Path) -> None:
     """The command prints the text, or one JSON document with --json; FLEETCLAIMS_OWNER
     (exported by `fleetclaims run`) names the owner when --owner is absent."""

@@ -182,6 +182,7 @@ def test_help_has_examples() -> None:
         assert proc.returncode == 0 and "example" in proc.stdout, name
 
 
+@pytest.mark.slow
 def test_subprocess_version_and_exit_codes(tmp_path: Path) -> None:
     """The installed entry point: --version, and exit codes across real processes."""
     d = tmp_path / "r"
@@ -253,6 +254,7 @@ def test_run_interrupted_with_sigint(tmp_path: Path) -> None:
     assert Registry(d).get("t").state == "released"  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_run_lease_lost(tmp_path: Path) -> None:
     """run: when the lease is lost (force-released by an operator), run says so loudly, stops
     the command and exits 4."""
@@ -360,6 +362,7 @@ def test_list_marks_claims_of_dead_owners(tmp_path: Path,
     assert code == 0 and "STALE: owner dead" in rows["t1"] and "STALE" not in rows["t2"]
 
 
+@pytest.mark.slow
 def test_console_exit_flushes_everything_and_keeps_exit_codes(tmp_path: Path) -> None:
     """`python -m fleetclaims` (like the console script) skips interpreter teardown: a large
     --json document still arrives whole through a pipe, errors still reach stderr with their

@@ -13,6 +13,7 @@ from fleetclaims.cli import main
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 def test_migrate_dir_to_postgres_and_back(tmp_path: Path, postgres_url: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     """migrate copies claims and the whole audit history, preserving seq, hashes and fences;

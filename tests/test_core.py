@@ -113,6 +113,7 @@ def test_core_has_no_exec_and_no_module_level_cache() -> None:
                     f"{path.name}: module-level {changed} is changed in {func.name}")
 
 
+@pytest.mark.slow
 def test_only_system_touches_psutil_and_sockets() -> None:
     """psutil, socket and /proc are reached only through fleetclaims/system.py."""
     for path in PACKAGE.rglob("*.py"):
@@ -180,6 +181,7 @@ def test_bad_durations_and_instants() -> None:
         parse_instant("yesterday-ish", 0)
 
 
+@pytest.mark.slow
 def test_hold_renews_in_background_and_releases() -> None:
     """hold() renews at a third of the TTL while the block runs and releases on exit."""
     clock = FakeClock()

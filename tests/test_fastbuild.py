@@ -240,6 +240,7 @@ if __name__ == "__main__":
         sys.stdout.write(render())
 
 
+@pytest.mark.slow
 def test_only_apply_uses_the_fast_constructors() -> None:
     """_fastbuild is private to events.apply: no other module of the package imports it."""
     package = TARGET.parent.parent

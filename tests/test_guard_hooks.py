@@ -146,6 +146,7 @@ def test_guard_passes_the_holder_and_refuses_every_kind_of_loss(tmp_path: Path) 
 # --- hooks ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_commit_by_a_holder_whose_lease_was_recovered_is_refused(repo: Path,
                                                                  tmp_path: Path) -> None:
     """The issue's proof: commits pass while the claim is live (with a Claim trailer), are

@@ -241,6 +241,7 @@ def test_forged_appended_grant_reusing_a_fence_is_damage(tmp_path: Path) -> None
     assert not doctor.check(d).ok
 
 
+@pytest.mark.slow
 def test_audit_anchor_and_verify_anchor(tmp_path: Path) -> None:
     """audit anchor prints SEQ:HASH; verify --anchor holds it (exit 0), refuses another hash
     for that seq or a seq beyond the journal (exit 5), and a malformed anchor is usage (2)."""

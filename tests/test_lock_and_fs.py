@@ -65,6 +65,7 @@ def frozen_holder(tmp_path: Path) -> Iterator[FrozenHolder]:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_frozen_holder_gives_registry_busy_naming_it(frozen_holder: FrozenHolder) -> None:
     """SIGSTOPped inside the lock: a waiter gets RegistryBusy after its timeout, naming the pid."""
     directory, proc = frozen_holder

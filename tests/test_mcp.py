@@ -179,6 +179,7 @@ def test_owner_is_required(tmp_path: Path) -> None:
     assert done.returncode == 2 and "FLEETCLAIMS_OWNER" in done.stderr
 
 
+@pytest.mark.slow
 def test_owner_from_environment(tmp_path: Path) -> None:
     """FLEETCLAIMS_OWNER names the owner when --owner is absent."""
 
@@ -189,6 +190,7 @@ def test_owner_from_environment(tmp_path: Path) -> None:
     anyio.run(scenario)
 
 
+@pytest.mark.slow
 def test_readme_client_configuration_works(tmp_path: Path) -> None:
     """The README's mcpServers snippet, with its paths pointed here, starts a working server."""
     readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")

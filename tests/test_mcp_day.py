@@ -25,6 +25,7 @@ def token_files(reg_dir: Path) -> list[Path]:
     return sorted((reg_dir.parent / "state" / "fleetclaims" / "mcp-tokens").glob("*.json"))
 
 
+@pytest.mark.slow
 def test_a_restarted_server_resumes_its_claim(tmp_path: Path) -> None:
     """The server is restarted in the middle of a claim (as MCP clients do): the new one has the
     token (persisted 0600 in a 0700 directory), renews and completes without the agent passing
@@ -58,6 +59,7 @@ def test_a_restarted_server_resumes_its_claim(tmp_path: Path) -> None:
     anyio.run(scenario)
 
 
+@pytest.mark.slow
 def test_tokens_are_kept_per_registry_and_owner(tmp_path: Path) -> None:
     """Another owner on the same registry, or the same owner on another registry, does not get
     the token: its renew is refused as not the holder."""
@@ -74,6 +76,7 @@ def test_tokens_are_kept_per_registry_and_owner(tmp_path: Path) -> None:
     anyio.run(scenario)
 
 
+@pytest.mark.slow
 def test_the_server_renews_leases_while_the_agent_thinks(tmp_path: Path) -> None:
     """A 2-second lease stays live for 4 s without any call (the server renews it at ttl/3);
     with --keepalive 1s it runs out once the agent has been quiet longer than that."""
@@ -95,6 +98,7 @@ def test_the_server_renews_leases_while_the_agent_thinks(tmp_path: Path) -> None
     anyio.run(scenario)
 
 
+@pytest.mark.slow
 def test_planning_tools_and_parking(tmp_path: Path) -> None:
     """add (title, description), add_many, depend, block, unblock and transition are tools; the
     queue events name the server's owner; a parked claim records its maximum park time."""
@@ -126,6 +130,7 @@ def test_planning_tools_and_parking(tmp_path: Path) -> None:
     anyio.run(scenario)
 
 
+@pytest.mark.slow
 def test_waiting_for_work_over_mcp(tmp_path: Path) -> None:
     """claim_next(wait=) returns the task another agent adds meanwhile; claim(wait=) the task
     another agent releases, after several wait slices that record one refusal in all."""
@@ -164,6 +169,7 @@ def test_waiting_for_work_over_mcp(tmp_path: Path) -> None:
     anyio.run(scenario)
 
 
+@pytest.mark.slow
 def test_every_refusal_is_the_json_error_document(tmp_path: Path) -> None:
     """Schema refusals (a negative ttl, a wrong type, a missing argument, an unknown tool) come
     back as the documented JSON error with next_action, not the SDK's plain text."""
@@ -184,6 +190,7 @@ def test_every_refusal_is_the_json_error_document(tmp_path: Path) -> None:
     anyio.run(scenario)
 
 
+@pytest.mark.slow
 def test_brief_speaks_in_tool_calls(tmp_path: Path) -> None:
     """The brief an MCP agent gets names tool calls it can make, not shell commands."""
     reg_dir = tmp_path / "reg"
@@ -200,6 +207,7 @@ def test_brief_speaks_in_tool_calls(tmp_path: Path) -> None:
     anyio.run(scenario)
 
 
+@pytest.mark.slow
 def test_the_server_refuses_a_registry_chosen_silently(tmp_path: Path) -> None:
     """Started outside a git repository without --dir or FLEETCLAIMS_DIR (as MCP clients start
     servers: no environment, maybe in /), the server refuses (exit 2) and says what to pass;

@@ -120,6 +120,7 @@ MALFORMED: list[tuple[bytes, int]] = [
 ]
 
 
+@pytest.mark.slow
 def test_malformed_lines_get_json_rpc_errors(client: RawClient) -> None:
     """Each malformed or non-JSON line gets a parse error (-32700) or an invalid-request
     error (-32600), with the request's id when it has one, and the session goes on."""
@@ -148,6 +149,7 @@ def _takes_string(schema: dict[str, Any]) -> bool:
 PLAUSIBLE = {"task": "t1", "reason": "r", "to_owner": "agent-b", "phase": "review"}
 
 
+@pytest.mark.slow
 def test_a_lone_surrogate_in_any_string_argument_is_answered(client: RawClient) -> None:
     """Every tool, every string argument holding a lone-surrogate escape: the call is
     answered with the documented JSON error document naming the argument (none is left
@@ -175,6 +177,7 @@ def test_a_lone_surrogate_in_any_string_argument_is_answered(client: RawClient) 
     client.alive()
 
 
+@pytest.mark.slow
 def test_schema_refusals_are_the_documented_error_document(client: RawClient) -> None:
     """Arguments the tool's schema refuses (a string ttl, a missing task, an unknown tool)
     come back as the JSON error document with next_action, not the SDK's plain text."""
@@ -195,6 +198,7 @@ def test_schema_refusals_are_the_documented_error_document(client: RawClient) ->
     client.alive()
 
 
+@pytest.mark.slow
 def test_deep_and_huge_arguments_are_answered(client: RawClient) -> None:
     """Metadata nested 5,000 deep, a 5 MB line: answered, and the session goes on."""
     deep = '{"a":' * 5000 + "1" + "}" * 5000
@@ -236,6 +240,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_stray_output_never_reaches_the_wire(tmp_path: Path) -> None:
     """Output a tool (or a process it starts) writes to stdout goes to stderr, so every
     line on the wire is still a JSON-RPC message and the session goes on."""

@@ -73,6 +73,7 @@ print(json.dumps([backend.build_sdist(out), backend.build_wheel(out)]))
 """
 
 
+@pytest.mark.slow
 def test_sdist_and_wheel_carry_the_license(tmp_path: Path) -> None:
     """The sdist and the wheel built from this tree hold LICENSE and declare it with MIT."""
     pytest.importorskip("hatchling.build")

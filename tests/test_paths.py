@@ -167,6 +167,7 @@ def _paths(rng: random.Random) -> list[str]:
     return ["/".join(rng.choice(alphabet) for _ in range(rng.randint(1, 5))) for _ in range(400)]
 
 
+@pytest.mark.slow
 def test_overlap_agrees_with_a_witness_search() -> None:
     """Whenever a sampled path is covered by both patterns, overlap says yes (no missed
     overlap); random pairs over a small alphabet."""

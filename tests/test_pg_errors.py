@@ -103,6 +103,7 @@ def test_read_only_server_gets_store_read_only(pg_server: PgServer) -> None:
     assert [c.task for c in reg.claims()] == ["t"]
 
 
+@pytest.mark.slow
 def test_no_connection_slot_gives_store_overloaded(pg_server: PgServer) -> None:
     """A role at its connection limit gets StoreOverloaded within the lock_timeout budget."""
     url, _ = _fresh(pg_server)

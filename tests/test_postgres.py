@@ -127,6 +127,7 @@ def test_claim_conflict_renew_release_complete(pg: str) -> None:
         assert _replay(_events(a)) == _claims(a)
 
 
+@pytest.mark.slow
 def test_recover_after_expiry_fences_the_old_holder(pg: str) -> None:
     """An expired lease is recovered with a higher fence; the old holder is told so."""
     with Registry(pg, prober=HostProber("h1")) as a, Registry(pg, prober=HostProber("h2")) as b:
@@ -205,6 +206,7 @@ def test_closed_handles_leave_no_watchdog_threads(pg: str) -> None:
     assert threading.active_count() == before
 
 
+@pytest.mark.slow
 def test_lock_timeout_gives_registry_busy(pg: str) -> None:
     """A writer stuck holding the journal head makes others wait lock_timeout, then Busy."""
     reg = Registry(pg, lock_timeout=1)
@@ -574,6 +576,7 @@ def test_merge_into_postgres_carries_the_work_queue(pg: str, tmp_path: Path) -> 
     assert team.merge(tmp_path / "laptop").events == ()
 
 
+@pytest.mark.slow
 def test_claim_next_pages_through_refused_candidates(pg: str) -> None:
     """On PostgreSQL claim_next reads its candidates a page at a time (16, then 64, ...): with
     take_stale, a hundred held tasks whose claims are live come first and are each refused; the

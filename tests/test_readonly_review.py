@@ -77,6 +77,7 @@ def test_reads_of_a_damaged_journal_show_the_verified_state(tmp_path: Path) -> N
         reg.claim("x", owner="b")
 
 
+@pytest.mark.slow
 def test_review_commands_on_a_damaged_journal_exit_0(tmp_path: Path) -> None:
     """claims, get, explain, audit and audit report exit 0 on a damaged journal and name the
     damage on stderr; audit verify and a write exit 5."""

@@ -139,6 +139,7 @@ def test_offline_remote_claim_changes_nothing(tmp_path: Path) -> None:
     assert ra.get("t") is None
 
 
+@pytest.mark.slow
 def test_cli_claim_remote_through_git_daemon(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     """`claim --remote` (the branch's remote: a git daemon on 127.0.0.1) then a second

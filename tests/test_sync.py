@@ -51,6 +51,7 @@ def test_two_clones_that_claimed_apart_agree_on_one_winner(tmp_path: Path) -> No
     assert ra.claim("t3", owner="alice").fence > top
 
 
+@pytest.mark.slow
 def test_four_clones_converge(tmp_path: Path) -> None:
     """Four clones each claim the same task apart; two rounds of sync leave all four with the
     same holder and the same claim records."""
@@ -91,6 +92,7 @@ def test_offline_sync_changes_nothing_and_converges_later(tmp_path: Path) -> Non
     assert min(ra.claim("n", owner="x").fence, rb.claim("m", owner="y").fence) > max(fences)
 
 
+@pytest.mark.slow
 def test_git_clean_brings_the_history_back_from_the_remote(tmp_path: Path) -> None:
     """`git clean -fdx` removes a clone's registry; the next sync takes its own journal back
     from the remote byte for byte (same origin, seq, hashes and fences), the holder's token
@@ -118,6 +120,7 @@ def test_git_clean_brings_the_history_back_from_the_remote(tmp_path: Path) -> No
     assert _owner(other, "t") == "alice" and _owner(other, "u") == "bob"
 
 
+@pytest.mark.slow
 def test_git_daemon_remote(tmp_path: Path) -> None:
     """A remote served by `git daemon` on 127.0.0.1 (git:// URLs) works like a path."""
     served = tmp_path / "srv"
@@ -146,6 +149,7 @@ def _rewrite(bare: Path, ref: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["force-pushed", "deleted"])
+@pytest.mark.slow
 def test_rewritten_ref_is_detected_and_nothing_is_lost(tmp_path: Path, how: str) -> None:
     """A fleetclaims ref force-pushed or deleted on the remote: the next sync of a clone that
     saw it raises RemoteRewritten and changes nothing; --accept-rewritten goes on."""
@@ -234,6 +238,7 @@ def test_sync_outside_a_repository_is_a_typed_refusal(tmp_path: Path,
         memory_registry().sync("origin")
 
 
+@pytest.mark.slow
 def test_a_remote_that_stops_answering_is_unavailable(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A git:// remote that accepts the connection and never answers: RemoteUnavailable

@@ -176,6 +176,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("no_color", [False, True])
+@pytest.mark.slow
 def test_live_view_under_a_pseudo_terminal(tmp_path: Path, no_color: bool) -> None:
     """On a terminal: the alternate screen, the held task, a redraw when another process
     appends to the journal, `o` filters by owner, `q` quits and restores the screen; with

@@ -39,6 +39,7 @@ def rejections(reg: Registry, task: str) -> int:
     return len(reg.events(types=["claim_rejected"], task=task, limit=1000).events)
 
 
+@pytest.mark.slow
 def test_wait_is_woken_by_another_process_release(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A waiter gets the task within a few milliseconds of another process releasing it (inotify
@@ -65,6 +66,7 @@ def test_wait_is_woken_by_another_process_release(
     assert rejections(reg, "t") == 1  # the first try only; the wait itself is quiet
 
 
+@pytest.mark.slow
 def test_a_wait_records_one_refusal_however_long_it_lasts(tmp_path: Path) -> None:
     """Other writes wake the waiter many times; it re-checks each time and records nothing more;
     on time out it raises the refusal (ClaimConflict naming the holder)."""
@@ -82,6 +84,7 @@ def test_a_wait_records_one_refusal_however_long_it_lasts(tmp_path: Path) -> Non
     assert rejections(reg, "t") == 1
 
 
+@pytest.mark.slow
 def test_claim_next_waits_for_a_task_to_be_added(tmp_path: Path) -> None:
     """claim_next(wait=) returns the task another process adds; None after the wait without."""
     d = tmp_path / "r"
@@ -93,6 +96,7 @@ def test_claim_next_waits_for_a_task_to_be_added(tmp_path: Path) -> None:
     assert got is not None and got.task == "late"
 
 
+@pytest.mark.slow
 def test_waiting_through_a_lease_that_runs_out(tmp_path: Path) -> None:
     """An expiry writes nothing: the waiter looks again every RECHECK and takes the stale claim
     with take_stale=True once the holder's lease ran out."""
@@ -104,6 +108,7 @@ def test_waiting_through_a_lease_that_runs_out(tmp_path: Path) -> None:
     assert c.owner == "b" and time.monotonic() - started < 1 + _wait.RECHECK + 1
 
 
+@pytest.mark.slow
 def test_without_inotify_a_bounded_backoff_wakes_the_waiter(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where there is no inotify (macOS, PostgreSQL), the waiter backs off to BACKOFF_MAX and
@@ -128,6 +133,7 @@ def test_without_inotify_a_bounded_backoff_wakes_the_waiter(
     assert got - released[0] <= _wait.BACKOFF_MAX + 0.2
 
 
+@pytest.mark.slow
 def test_a_waiter_is_not_starved_by_a_tight_claim_release_loop(tmp_path: Path) -> None:
     """Another process claims and releases the task as fast as it can for 10 s; a waiter asking
     meanwhile gets it within a few seconds (measured: well under 1 s)."""
@@ -161,6 +167,7 @@ def test_wait_argument_is_checked() -> None:
             reg.claim_next(owner="a", wait=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_cli_claim_wait_and_next_wait(tmp_path: Path) -> None:
     """`claim --wait 10s` returns once the holder releases; `next --wait` once a task is added;
     the owner comes from FLEETCLAIMS_OWNER; one refusal is recorded."""

@@ -9,8 +9,10 @@ operating system's answer EROFS to every open for writing, injected at the store
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,6 +55,84 @@ def test_reads_work_on_a_read_only_registry(tmp_path: Path,
     assert len(reg.events(limit=10).events) == 3
     with pytest.raises(FleetclaimsError):
         reg.claim("t9", owner="z")
+
+
+def _damaged(d: Path) -> tuple[int, int]:
+    """A registry of 4 claims (t0..t3, fences 1..4), closed, without a snapshot, with a byte
+    flipped inside seq 4 (t2's grant); returns that line's byte range."""
+    reg = Registry(d)
+    for i in range(4):
+        reg.claim(f"t{i}", owner="a")
+    reg.close()
+    os.unlink(d / "claims.json")
+    raw = bytearray((d / "audit.jsonl").read_bytes())
+    lines = bytes(raw).split(b"\n")
+    at = sum(len(x) + 1 for x in lines[:3])
+    raw[at + 20] ^= 0x01
+    (d / "audit.jsonl").write_bytes(bytes(raw))
+    return at, at + len(lines[3]) + 1
+
+
+def _json(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
+    from fleetclaims.cli import main
+
+    code = main([*args, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, (args, err)
+    return json.loads(out)
+
+
+def test_json_reads_name_the_damage(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """--json of claims, get, explain, audit, events and audit report on a damaged journal:
+    the verified state plus a ``damage`` member (file, seq range, byte range, reason, what
+    the damaged line held, what to run); `claims --json` becomes an object so that a script
+    cannot take the verified part for the whole; on a healthy registry nothing changes."""
+    healthy, d = tmp_path / "h", tmp_path / "r"
+    _registry(healthy)
+    monkeypatch.setenv("FLEETCLAIMS_DIR", str(healthy))
+    assert isinstance(_json(capsys, "claims"), list)
+    for args in (["get", "t1"], ["get", "nope"], ["explain", "t1"], ["audit"], ["events"],
+                 ["audit", "report", "--html", str(tmp_path / "h.html")]):
+        assert "damage" not in _json(capsys, *args), args
+    start, end = _damaged(d)
+    monkeypatch.setenv("FLEETCLAIMS_DIR", str(d))
+    listed = _json(capsys, "claims")
+    assert {c["task"] for c in listed["claims"]} == {"t0", "t1"}
+    docs = [listed, _json(capsys, "get", "t0"), _json(capsys, "get", "t2"),
+            _json(capsys, "explain", "t0"), _json(capsys, "audit"), _json(capsys, "events"),
+            _json(capsys, "audit", "report", "--html", str(tmp_path / "r.html"))]
+    for doc in docs:
+        damage = doc["damage"]
+        assert damage["file"] == str(d / "audit.jsonl")
+        assert (damage["from_seq"], damage["to_seq"]) == (4, 4)
+        assert (damage["offset"], damage["end"]) == (start, end)
+        assert damage["verified_seq"] == 3 and damage["reason"]
+        assert damage["fix"] == "fleetclaims doctor --fix"
+        assert [(h["task"], h["type"]) for h in damage["held"]] == [("t2", "claim_created")]
+    assert docs[2]["claim"] is None  # (t2's grant is in the damaged line)
+    assert len(docs[4]["events"]) == 3
+
+
+@pytest.mark.slow  # (imports the MCP SDK: ~1 s)
+def test_mcp_read_tools_name_the_damage(tmp_path: Path) -> None:
+    """The MCP read tools (get, claims, events, explain) carry the same ``damage`` member on a
+    damaged journal, and none on a healthy one."""
+    from fleetclaims.agents.mcp_server import ClaimsServer
+
+    healthy, d = tmp_path / "h", tmp_path / "r"
+    _registry(healthy)
+    _damaged(d)
+    for where, damaged in ((healthy, False), (d, True)):
+        server = ClaimsServer(Registry(where), "agent-x")
+        for result in (server.get("t0"), server.claims(), server.events(),
+                       server.explain("t0")):
+            doc = result.structured_content
+            assert not result.is_error and doc is not None, result
+            assert ("damage" in doc) is damaged, (where, doc)
+            if damaged:
+                assert doc["damage"]["from_seq"] == 4
+        server.registry.close()
 
 
 def test_reads_of_a_damaged_journal_show_the_verified_state(tmp_path: Path) -> None:

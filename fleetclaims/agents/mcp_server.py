@@ -169,6 +169,16 @@ class ClaimsServer(PlanningTools, PathTools):
                 return CallToolResult(content=[TextContent(type="text", text=text)],
                                       is_error=True)
 
+    def damaged(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A read tool's ``doc`` with a ``damage`` member when the journal is damaged (the
+        verified state is shown; the member says what and where, and what to run), as the
+        command line's ``--json`` (#16); absent when healthy."""
+        describe = getattr(self.registry.store, "damage_doc", None)
+        damage = describe() if callable(describe) else None
+        if damage is not None:
+            doc["damage"] = damage
+        return doc
+
     def token_for(self, task: str, token: str | None) -> str:
         if token:
             return token
@@ -336,11 +346,11 @@ class ClaimsServer(PlanningTools, PathTools):
         def op() -> dict[str, Any]:
             c = self.registry.get(task)
             if c is None:
-                return {"task": task, "claim": None, "free": True}
+                return self.damaged({"task": task, "claim": None, "free": True})
             stale = self.registry.is_stale(c) if c.live else None
-            return {**_summary(c, self.registry.store.now()), "stale": stale,
-                    "free": c.state == "released",
-                    "yours": c.live and c.owner == self.owner and task in self.tokens}
+            return self.damaged({**_summary(c, self.registry.store.now()), "stale": stale,
+                                 "free": c.state == "released",
+                                 "yours": c.live and c.owner == self.owner and task in self.tokens})
 
         return self.call(op)
 
@@ -353,9 +363,9 @@ class ClaimsServer(PlanningTools, PathTools):
             claims = self.registry.claims(owner=owner, include_expired=True,
                                           include_completed=include_finished,
                                           include_released=include_finished)
-            return {"claims": [{**_summary(c, now),
-                                "stale": self.registry.is_stale(c) if c.live else None}
-                               for c in claims]}
+            return self.damaged({"claims": [{**_summary(c, now),
+                                             "stale": self.registry.is_stale(c) if c.live
+                                             else None} for c in claims]})
 
         return self.call(op)
 
@@ -370,13 +380,13 @@ class ClaimsServer(PlanningTools, PathTools):
                ) -> CallToolResult:
         def op() -> dict[str, Any]:
             page = self.registry.events(after=after, limit=limit, types=types, task=task)
-            return {"events": [e.data for e in page.events], "next_cursor": page.next_cursor,
-                    "more": page.more}
+            return self.damaged({"events": [e.data for e in page.events],
+                                 "next_cursor": page.next_cursor, "more": page.more})
 
         return self.call(op)
 
     def explain(self, task: Task) -> CallToolResult:
-        return self.call(lambda: self.registry.explain(task).to_dict())
+        return self.call(lambda: self.damaged(self.registry.explain(task).to_dict()))
 
     def sweep(self, dry_run: Annotated[bool, Field(description="Only report what is "
                                                    "stale.")] = False) -> CallToolResult:

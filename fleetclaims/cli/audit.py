@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.durations import format_duration, iso, parse_instant
 from ..core.errors import FleetclaimsError, ValidationError
 from .args import AddParser, Handler, reader
+from .claims import with_damage
 from .output import EXIT_DAMAGED, EXIT_OK, print_events, write_private
 
 if TYPE_CHECKING:
@@ -77,11 +78,11 @@ def cmd_top(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_events(args: argparse.Namespace, out: Out) -> int:
-    page = reader(args).events(after=args.after, limit=args.limit, types=args.types,
-                                 task=args.task)
+    reg = reader(args)
+    page = reg.events(after=args.after, limit=args.limit, types=args.types, task=args.task)
     if out.json:
-        out.doc({"events": [e.data for e in page.events], "next_cursor": page.next_cursor,
-                 "more": page.more})
+        out.doc(with_damage({"events": [e.data for e in page.events],
+                             "next_cursor": page.next_cursor, "more": page.more}, reg))
         return EXIT_OK
     print_events(out, [e.data for e in page.events])
     out.line(f"next cursor: --after {page.next_cursor}" + ("" if page.more else " (end)"))
@@ -89,9 +90,10 @@ def cmd_events(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_explain(args: argparse.Namespace, out: Out) -> int:
-    x = reader(args).explain(args.task)
+    reg = reader(args)
+    x = reg.explain(args.task)
     if out.json:
-        out.doc(x.to_dict())
+        out.doc(with_damage(x.to_dict(), reg))
         return EXIT_OK
     head = {"held": f"held by {x.holder} (fence {x.fence})", "free": "free",
             "completed": "completed", "stale": f"stale (last holder {x.holder})"}.get(x.state,
@@ -171,7 +173,7 @@ def _audit_report(args: argparse.Namespace, out: Out, reg: Registry,
         return EXIT_OK
     write_private(args.html, html)
     if out.json:
-        out.doc({"html": args.html, "events": len(events)})
+        out.doc(with_damage({"html": args.html, "events": len(events)}, reg))
     else:
         out.line(f"wrote {args.html} ({len(events)} events)")
     return EXIT_OK
@@ -181,8 +183,8 @@ def _audit_list(args: argparse.Namespace, out: Out, reg: Registry,
                 filters: dict[str, Any]) -> int:
     page = reg.events(after=args.after, limit=args.limit, **filters)
     if out.json and not args.follow:  # one document; only the --follow stream is line by line
-        out.doc({"events": [e.data for e in page.events], "next_cursor": page.next_cursor,
-                 "more": page.more})
+        out.doc(with_damage({"events": [e.data for e in page.events],
+                             "next_cursor": page.next_cursor, "more": page.more}, reg))
         return EXIT_OK
     print_events(out, [e.data for e in page.events], header=not args.follow)
     if not args.follow:

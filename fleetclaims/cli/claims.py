@@ -16,6 +16,7 @@ from .sync import remote_arg, remote_option
 from .who import owner_of, owner_option, wait_option
 
 if TYPE_CHECKING:
+    from ..api import Registry
     from ..core.model import Claim
     from ..core.queue import TaskStatus
     from .output import Out
@@ -248,13 +249,29 @@ def _queue_doc(queued: TaskStatus | None) -> dict[str, Any] | None:
             "title": queued.task.title, "description": queued.task.description}
 
 
+def damage_member(reg: Registry) -> dict[str, Any] | None:
+    """What a read of a damaged journal could not verify (the store's ``damage_doc``: file,
+    seq and byte range, reason, what to run), for ``--json``; None on a healthy registry."""
+    describe = getattr(reg.store, "damage_doc", None)
+    return describe() if callable(describe) else None
+
+
+def with_damage(doc: dict[str, Any], reg: Registry) -> dict[str, Any]:
+    """``doc`` with a ``damage`` member when the journal is damaged (absent when healthy)."""
+    damage = damage_member(reg)
+    if damage is not None:
+        doc["damage"] = damage
+    return doc
+
+
 def cmd_get(args: argparse.Namespace, out: Out) -> int:
     reg = reader(args)
     c = reg.get(args.task)
     queued = reg.task(args.task)
     if c is None:
         if out.json:
-            out.doc({"task": args.task, "claim": None, "queue": _queue_doc(queued)})
+            out.doc(with_damage({"task": args.task, "claim": None, "queue": _queue_doc(queued)},
+                                reg))
         elif queued is not None:
             waits = f", waits for {', '.join(queued.waits_for)}" if queued.waits_for else ""
             block = f": {queued.task.blocked}" if queued.task.blocked else ""
@@ -272,7 +289,7 @@ def cmd_get(args: argparse.Namespace, out: Out) -> int:
         doc["liveness"] = None if verdict is None else {"state": verdict.state,
                                                         "reasons": list(verdict.reasons)}
         doc["queue"] = _queue_doc(queued)
-        out.doc(doc)
+        out.doc(with_damage(doc, reg))
         return EXIT_OK
     rows = _claim_fields(c, time.time())
     if verdict is not None:
@@ -335,7 +352,11 @@ def cmd_claims(args: argparse.Namespace, out: Out) -> int:
         docs = reg.claims_data(owner=args.owner, include_expired=args.expired or args.all,
                                include_completed=args.completed or args.all,
                                include_released=args.all)
-        out.doc([data_doc(d, clocks) for d in docs])
+        listed = [data_doc(d, clocks) for d in docs]
+        damage = damage_member(reg)
+        # Healthy: the array, as always. Damaged: an object, so that a script cannot take the
+        # verified part for the whole registry (#16).
+        out.doc(listed if damage is None else {"claims": listed, "damage": damage})
         return EXIT_OK
     claims = reg.claims(owner=args.owner, include_expired=args.expired or args.all,
                         include_completed=args.completed or args.all,

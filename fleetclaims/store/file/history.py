@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Any
 
 from ...core.errors import AuditCorrupt, HistoryLost, RegistryCorrupt
 from ...core.state import State
@@ -76,6 +77,37 @@ class History(CatchUp):
             return state
         self.damage = None
         return state
+
+    def damage_doc(self) -> dict[str, Any] | None:
+        """What the last read could not verify, as data (``--json``'s ``damage``, #16), or
+        None on a healthy registry: the file, the seq range and byte range [offset, end) of the
+        damage (``to_seq`` None: it runs to the end), why, the seq the state shown stops at,
+        what the damaged lines held as far as they read, and what to run."""
+        damage = self.damage
+        if damage is None:
+            return None
+        reason = damage.reason.split(": ", 1)[-1] if damage.reason.startswith(
+            "audit journal broken") else damage.reason
+        doc: dict[str, Any] = {
+            "file": damage.path, "from_seq": damage.seq, "to_seq": None,
+            "offset": damage.offset, "end": None, "reason": reason,
+            "verified_seq": self._state.seq if self._state is not None else 0,
+            "held": [], "fix": "fleetclaims doctor --fix", "message": str(damage)}
+        try:
+            fd = fsutil.open_file(self.journal_path, os.O_RDONLY)
+        except OSError:
+            return doc
+        try:
+            from .salvage_segments import damaged_range
+
+            doc.update(damaged_range(fd, damage.offset, damage.seq))
+            if doc["to_seq"] is None and doc["end"] == damage.offset:  # (after zero space)
+                doc["end"] = os.fstat(fd).st_size
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        return doc
 
     def _consume(self, *, writer: bool) -> None:
         super()._consume(writer=writer)

@@ -92,6 +92,28 @@ def keep_segments(fd: int, start: int, break_seq: int, reason: str, quarantined:
     return counts
 
 
+def damaged_range(fd: int, offset: int, seq: int) -> dict[str, Any]:
+    """Where the damage a read stopped at (seq ``seq``, at byte ``offset``) ends, for a reviewer
+    (``--json``'s ``damage``, #16): the seq range and byte range [offset, end) up to the next
+    sealed line of a later seq (where doctor --fix resumes the chain); ``to_seq`` None when the
+    damage runs to the end. Also what the damaged lines held, as far as they read (at most 20).
+    Reads the lines after ``offset`` once; nothing is applied."""
+    held: list[dict[str, Any]] = []
+    end = to_seq = None
+    last = offset
+    for at, line in _lines(fd, offset):
+        event = _sealed(line)
+        if event is not None and event["seq"] > seq:
+            end, to_seq = at, event["seq"] - 1
+            break
+        last = at + len(line) + 1
+        found = _what_it_held(line)
+        if found is not None and len(held) < 20:
+            held.append(found)
+    return {"from_seq": seq, "to_seq": to_seq, "offset": offset,
+            "end": last if end is None else end, "held": held}
+
+
 def _what_it_held(line: bytes) -> dict[str, Any] | None:
     """The task, type, owner and fence a damaged line names, when it still parses (a flipped
     byte in a value): to name what was lost; never applied."""

@@ -103,6 +103,38 @@ class Registry(QueueMethods):
             return UNKNOWN_VERDICT
         return self.prober.verdict(claim.identity)
 
+    def _verdicts(self, claims: Iterable[Claim]) -> Callable[[Claim | None], Verdict]:
+        """One verdict per owner process, probed now (before the registry lock, from the state
+        this handle last saw: no I/O) for ``claims``; a claim whose owner was not probed then
+        (the state changed meanwhile) is probed when asked. For one decision only: a verdict
+        is a fact of the moment."""
+        memo: dict[Identity | None, Verdict] = {}
+        for c in claims:
+            if c.live and c.identity not in memo:
+                memo[c.identity] = self.prober.verdict(c.identity)
+
+        def verdict(claim: Claim | None) -> Verdict:
+            if claim is None or not claim.live:
+                return UNKNOWN_VERDICT
+            found = memo.get(claim.identity)
+            if found is None:
+                found = memo[claim.identity] = self.prober.verdict(claim.identity)
+            return found
+
+        return verdict
+
+    def _seen(self, task: str | None = None) -> list[Claim]:
+        """The claims (of ``task``) as this handle last saw them, without I/O or the lock
+        (a store that cannot say so cheaply: none; then probes happen in the decision)."""
+        peek = getattr(self.store, "peek", None)
+        state: State | None = peek() if peek is not None else None
+        if state is None:
+            return []
+        if task is None:
+            return [c for c in state.claims.values() if c.live]
+        found = state.claims.get(task)
+        return [] if found is None else [found]
+
     def _grant(
         self,
         owner: str,
@@ -184,11 +216,18 @@ class Registry(QueueMethods):
                                  metadata=metadata, process=process)
         grant = _paths.with_paths(grant, paths, shared_paths, remote)
 
+        # The holder's liveness is probed before the lock (nothing slow under it): the decision
+        # reuses that verdict when the holder is still the same process, else probes again.
+        verdicts = self._verdicts(c for c in self._seen(task)
+                                  if c.token_hash != grant.token_hash)
+
         def decide(state: State, now: Now) -> Decision:
+            nonlocal verdicts
             current = state.claims.get(task)
             verdict = UNKNOWN_VERDICT
             if current is not None and current.live and current.token_hash != grant.token_hash:
-                verdict = self._verdict(current)
+                verdict = verdicts(current)
+                verdicts = self._verdict  # a retry (wait=) probes afresh
             return rules.decide_claim(state, task, grant, now, verdict,
                                       take_stale=take_stale, preempt=preempt)
 
@@ -332,11 +371,15 @@ class Registry(QueueMethods):
         dry_run = validate.flag("dry_run", dry_run)
 
         def decide(state: State, now: Now) -> Decision:
-            return rules.decide_sweep(state, now, lambda c: self._verdict(c), who)
+            # one probe per owner process, made before the lock for the claims already seen
+            return rules.decide_sweep(state, now, verdicts, who)
 
         if dry_run:
-            decision = decide(self.store.read(), self._now())
+            state = self.store.read()
+            verdicts = self._verdicts(())
+            decision = decide(state, self._now())
         else:
+            verdicts = self._verdicts(self._seen())
             decision, _ = self._run(decide)
         assert isinstance(decision.result, SweepReport)
         return decision.result

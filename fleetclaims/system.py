@@ -140,12 +140,22 @@ def local_facts() -> LocalFacts:
     )
 
 
+def read_proc(path: str) -> bytes:
+    """One small /proc file (os calls, not pathlib: a probe runs on every refused claim and
+    every listed claim, and this is ~3x cheaper)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
 def probe(pid: int) -> Probe:
     """Look at a PID on this machine: gone, zombie, start ticks, or denied."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
+        raw = read_proc(f"/proc/{pid}/stat")
     except FileNotFoundError:
-        if Path("/proc/self/stat").exists():
+        if os.path.exists("/proc/self/stat"):
             return Probe(exists=False)
         return _probe_psutil(pid)
     except PermissionError:

@@ -7,10 +7,10 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
+from fleetclaims import system
 from fleetclaims.core.liveness import LocalFacts, Probe, decide_liveness
 from fleetclaims.core.model import Identity
 from fleetclaims.system import SystemProber, local_facts, probe
@@ -82,14 +82,14 @@ def test_other_pid_namespace_is_unknown() -> None:
 
 def test_permission_denied_is_live(monkeypatch: pytest.MonkeyPatch) -> None:
     """A process we may not inspect (EPERM, e.g. /proc mounted with hidepid) exists: live."""
-    real = Path.read_bytes  # (the pathlib class fleetclaims.system reads /proc with)
+    real = system.read_proc  # (the one function fleetclaims.system reads /proc with)
 
-    def denied(self: Path) -> bytes:
-        if str(self).startswith("/proc/") and str(self).endswith("/stat"):
-            raise PermissionError(1, "Operation not permitted", str(self))
-        return real(self)
+    def denied(path: str) -> bytes:
+        if path.startswith("/proc/") and path.endswith("/stat"):
+            raise PermissionError(1, "Operation not permitted", path)
+        return real(path)
 
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    monkeypatch.setattr(system, "read_proc", denied)
     found = probe(os.getpid())
     assert found.exists and found.denied
     verdict = SystemProber().verdict(me())

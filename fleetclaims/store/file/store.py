@@ -140,6 +140,11 @@ class FileStore(History):
     def now(self) -> Now:
         return self.clock.now()
 
+    def peek(self) -> State | None:
+        """The state as this handle last read it, without I/O or the lock (possibly behind the
+        files; for work done before the lock, such as probing a holder's liveness)."""
+        return self._state if self._pid == current_pid() else None
+
     def close(self) -> None:
         with self._mutex:
             if self._pid == os.getpid():
@@ -279,7 +284,7 @@ class FileStore(History):
     def _append(self, events: list[dict[str, Any]], ts: float, *, sync: bool = True) -> None:
         state = self._state
         assert state is not None
-        data, sealed = seal_events(events, state.seq, state.head, ts)
+        data, sealed = seal_events(events, state.seq, state.head, ts, state.claims)
         start = self._offset
         try:
             if self._rest.busy():

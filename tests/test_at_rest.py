@@ -151,7 +151,6 @@ def test_four_pollers_for_a_minute_add_under_100kb(tmp_path: Path) -> None:
     assert fleetclaims.Registry(d).verify().ok
 
 
-@pytest.mark.xfail(strict=True, reason="compact renewal lines not built yet (~355 B a line)")
 @pytest.mark.slow
 def test_an_hour_of_renewals_stays_under_a_megabyte(tmp_path: Path) -> None:
     """Scaled time: a holder renewing every second for an hour adds < 1 MB."""

@@ -131,7 +131,9 @@ def explain(task: str, events: list[dict[str, Any]]) -> Explanation:
     state = "never claimed"
     why = "no event names this task"
     queued = False
+    holders: dict[str, tuple[Any, Any]] = {}  # (compact renewals name no holder: ev.fill_renewal)
     for e in events:
+        e = ev.fill_renewal(e, holders)
         mentions = e.get("task") == task or (
             e.get("type") == ev.REGISTRIES_MERGED
             and any(isinstance(c, dict) and c.get("task") == task for c in e.get("claims") or [])

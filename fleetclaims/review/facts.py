@@ -32,6 +32,12 @@ REGISTRY_TYPES = ev.REGISTRY_EVENTS
 _RENEWS = frozenset({ev.LEASE_RENEWED, ev.PHASE_CHANGED})
 
 
+def _compact_expiry(e: dict[str, Any]) -> Any:
+    """A compact renewal's deadline (ts + ttl, see events.compact_renewal)."""
+    ts, ttl = _num(e.get("ts")), _num(e.get("ttl"))
+    return None if ts is None or ttl is None else round(ts + ttl, 6)
+
+
 @dataclass(frozen=True, slots=True)
 class Holding:
     """A bar: ``task`` granted to ``owner`` by event ``start_seq`` until event ``end_seq``. Open
@@ -205,7 +211,7 @@ def holdings(events: Iterable[Event], *, generated_at: float | None = None) -> l
             continue
         if kind in _RENEWS:  # the common case (heartbeats): update the deadline in place
             f = _int(e.get("fence"))
-            expires = _num(e.get("expires_at"))
+            expires = _num(e.get("expires_at", _compact_expiry(e)))
             for h in live.get(task, ()):
                 if f is None or h.fence == f:
                     h.expires = expires

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -18,6 +18,7 @@ import orjson
 from ...core import events as ev
 from ...core.chain import ChainError, check_seal, envelope, seal
 from ...core.errors import AuditCorrupt, FleetclaimsError, ValidationError
+from ...core.model import Claim
 from ...core.state import State
 from .faults import osc
 from .lock import RegistryLock
@@ -119,12 +120,16 @@ def seq_of(line: bytes) -> int | None:
 # --- appending -------------------------------------------------------------------------------
 
 
-def seal_events(events: list[dict[str, Any]], seq: int, head: str,
-                ts: float) -> tuple[bytes, list[dict[str, Any]]]:
+def seal_events(events: list[dict[str, Any]], seq: int, head: str, ts: float,
+                claims: Mapping[str, Claim] | None = None) -> tuple[bytes, list[dict[str, Any]]]:
     """The journal lines for ``events`` chained after line ``seq`` (whose hash is ``head``), and
-    the events as sealed (with seq, ts, prev and hash: what applying them needs)."""
+    the events as sealed (with seq, ts, prev and hash: what applying them needs). With
+    ``claims`` (the state they apply to), a lone renewal that only extends the holder's lease
+    is recorded compactly (``events.compact_renewal``)."""
     lines: list[bytes] = []
     sealed: list[dict[str, Any]] = []
+    if claims is not None and len(events) == 1 and events[0].get("type") == ev.LEASE_RENEWED:
+        events = [ev.compact_renewal(events[0], ts, claims.get(events[0].get("task")))]
     for fields in events:
         seq += 1
         obj = envelope(seq, ts, fields, head)

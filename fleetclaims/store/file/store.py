@@ -52,6 +52,9 @@ from .snapshot import (
 CHECKPOINT_MIN_TAIL = 512 * 1024
 CHECKPOINT_DIVISOR = 8
 
+# A reader that replayed more journal than this beyond the snapshot leaves a snapshot behind.
+REPLAY_SNAPSHOT = 4 * 1024 * 1024
+
 __all__ = ["CHECKPOINT_DIVISOR", "CHECKPOINT_MIN_TAIL", "JOURNAL", "LOCK", "SNAPSHOT", "FileStore"]
 
 
@@ -111,7 +114,8 @@ class FileStore(History):
         # First use, or we are a forked child: never share lock or journal descriptors (and
         # their flock) with the parent.
         self._reset_handles()
-        fsutil.check_directory(self.directory, create=self._create)
+        self.foreign_owner = fsutil.check_directory(self.directory, create=self._create,
+                                                    others_ok=True)
         if not self.allow_unsafe_fs:
             reason = unsafe_filesystem(self.directory)
             if reason is not None:
@@ -121,7 +125,10 @@ class FileStore(History):
                     hint="Use a local directory (FLEETCLAIMS_DIR), or pass allow_unsafe_fs=True / "
                     "--allow-unsafe-fs / FLEETCLAIMS_ALLOW_UNSAFE_FS=1 if you are sure.",
                 )
-        self._lock.open()
+        if self.foreign_owner is None:
+            self._lock.open()
+        else:  # another user's registry: read it, never write to it (see History)
+            self._lock.fd = fsutil.open_file(self._lock.path, os.O_RDONLY)
         self._pid = pid
 
     def _reset_handles(self) -> None:
@@ -184,15 +191,9 @@ class FileStore(History):
 
     def _transact(self, decide: Decide) -> tuple[Decision, State]:
         self._ensure_open()
-        if self._state is not None and self._others_wrote:
-            # Read what other writers appended before taking the lock (readers need none), so
-            # the critical section only has the last few lines left to apply: under contention
-            # that is most of the work a writer does for others. (Skipped while nobody else
-            # writes: then it would only cost two syscalls an operation.)
-            try:
-                self._catch_up(writer=False)
-            except FleetclaimsError:
-                self._drop_state()  # the locked path reloads and reports real damage
+        self._refuse_foreign()
+        if self._state is None or self._others_wrote:
+            self._read_ahead()
         lock = self._lock
         # (not lock.held(): a generator context manager costs ~1 us an op)
         lock.acquire(self._wait_work if self._state is not None else None)
@@ -235,6 +236,17 @@ class FileStore(History):
             self._rest.wrote(self, self._pid)
         assert self._state is not None
         return decision, self._state
+
+    def _read_ahead(self) -> None:
+        """Before taking the lock, as a reader (readers need none): load, or replay a long
+        journal, while other writers go on; else apply what others appended since our last
+        operation, which under contention is most of the work a writer does for others. The
+        critical section is then left with the last few lines. (Skipped while nobody else
+        writes: it would only cost two syscalls an operation.)"""
+        try:
+            self._catch_up(writer=False)
+        except FleetclaimsError:
+            self._drop_state()  # the locked path reloads and reports real damage
 
     def _wait_work(self) -> bool:
         """While waiting for the lock: apply what others appended meanwhile (no lock needed, as
@@ -363,6 +375,28 @@ class FileStore(History):
         if tail > max(CHECKPOINT_MIN_TAIL, self._snap_size // CHECKPOINT_DIVISOR):
             return True
         return tail > 0 and self._rest.checkpoint_late(self.snapshot_path)
+
+    def read(self) -> State:
+        with self._mutex:
+            state = super().read()
+            if self._offset - self._snap_offset > REPLAY_SNAPSHOT:
+                self._leave_snapshot()
+            return state
+
+    def _leave_snapshot(self) -> None:
+        """A reader that replayed a long journal (no snapshot, or one far behind) leaves its
+        state as claims.json, so the next process does not replay it again. Only a verified
+        state, never over a snapshot owed to quarantine, and only where we may write; written
+        as a writer's checkpoint after its lock is released (never replacing a newer one)."""
+        if (self.damage is not None or self._rebuild_owed or self._fd < 0
+                or self._state is None or not os.access(self.directory, os.W_OK)):
+            return
+        if self.sync:  # what we read may not be flushed yet: the snapshot must not lead
+            try:
+                os.fdatasync(self._fd)
+            except OSError:
+                return
+        self._checkpoint(unlocked=True)
 
     def lagging(self) -> bool:
         """Whether claims.json is behind what this handle has read of the journal."""

@@ -32,7 +32,7 @@ REGISTRY_TYPES = ev.REGISTRY_EVENTS
 _RENEWS = frozenset({ev.LEASE_RENEWED, ev.PHASE_CHANGED})
 
 
-def _compact_expiry(e: dict[str, Any]) -> Any:
+def _compact_expiry(e: Mapping[str, Any]) -> Any:
     """A compact renewal's deadline (ts + ttl, see events.compact_renewal)."""
     ts, ttl = _num(e.get("ts")), _num(e.get("ttl"))
     return None if ts is None or ttl is None else round(ts + ttl, 6)

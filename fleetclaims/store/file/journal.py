@@ -129,7 +129,7 @@ def seal_events(events: list[dict[str, Any]], seq: int, head: str, ts: float,
     lines: list[bytes] = []
     sealed: list[dict[str, Any]] = []
     if claims is not None and len(events) == 1 and events[0].get("type") == ev.LEASE_RENEWED:
-        events = [ev.compact_renewal(events[0], ts, claims.get(events[0].get("task")))]
+        events = [ev.compact_renewal(events[0], ts, claims.get(str(events[0]["task"])))]
     for fields in events:
         seq += 1
         obj = envelope(seq, ts, fields, head)

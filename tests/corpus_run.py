@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from fc_support import claims_view, quarantined, temp_files
 
 import fleetclaims
@@ -18,6 +19,7 @@ from fleetclaims import (
     FleetclaimsError,
     HistoryLost,
     RegistryCorrupt,
+    TaskCompleted,
     UnsafeRegistry,
 )
 from fleetclaims.store.file import doctor
@@ -86,13 +88,22 @@ def _fix_and_check(d: Path, b: Base, after_fix: Any, original: bytes | None) -> 
     assert fixed.ok, fixed.to_dict()
     state = _state(d)
     view = _view_without(state)
+    restored = {t for f in fixed.findings if f.kind == "completions_restored"
+                for t in f.details["tasks"]}
     if after_fix != "exact" and "segment_kept" in fixed.kinds():
         # Lines after the damage that verify are kept (#16): each task is as the verified
         # prefix left it or as the whole undamaged journal did, never anything the bytes did
         # not hold; and the kept lines restore at least what the prefix alone did.
         whole, prefix = b.views[b.n], _expected_view(b, after_fix)
         for task in set(view) | set(whole):
+            if task in restored:  # granted in the damaged bytes, its completion verified:
+                # completed as the whole journal says (the grant's other details are lost)
+                assert _named(view[task]) == _named(whole[task]), task
+                continue
             assert view.get(task) in (prefix.get(task), whole.get(task)), task
+        for task, chained in _completions(b).items():  # a completion the bytes still hold
+            if original is not None and chained in original:  # chained as it was: completed
+                assert view[task]["state"] == "completed", (task, view.get(task))
         assert sum(view.get(t) == whole.get(t) for t in whole) >= sum(
             prefix.get(t) == whole.get(t) for t in whole)
     else:
@@ -105,8 +116,29 @@ def _fix_and_check(d: Path, b: Base, after_fix: Any, original: bytes | None) -> 
     assert temp_files(d) == []
     reg = fleetclaims.Registry(d)
     assert reg.verify().ok
+    for task in restored:  # completed: refused to a new claim until reopened
+        _assert_typed(lambda: reg.claim(task, owner="checker"), TaskCompleted)  # noqa: B023
+    if restored:  # no fence handed out twice
+        assert reg.get("after-damage").fence > max(b.fences)  # type: ignore[union-attr]
     reg.close()
     del files
+
+
+def _completions(b: Base) -> dict[str, bytes]:
+    """Each claim_completed line of the undamaged journal after the line it chains to (in a
+    damaged journal that holds these bytes, the completion is in a segment that verifies), by
+    task."""
+    out = {}
+    for i, line in enumerate(b.lines[1:], 1):
+        event = orjson.loads(line)
+        if event["type"] == "claim_completed":
+            out[event["task"]] = b.lines[i - 1] + b"\n" + line + b"\n"
+    return out
+
+
+def _named(claim: dict[str, Any]) -> tuple[Any, ...]:
+    """What a completion names of its claim."""
+    return claim["owner"], claim["fence"], claim["state"], claim.get("result")
 
 
 def _assert_typed(fn: Callable[[], Any], kind: type[BaseException]) -> BaseException:

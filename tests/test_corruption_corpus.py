@@ -437,6 +437,24 @@ def _(d: Path, b: Base) -> None:
     _journal(d).write_bytes(_flip(_journal(d).read_bytes(), b.offsets[10] + 50))
 
 
+@case("journal-grant-damaged-completion-kept", "audit", 5, 4, 4)
+def _(d: Path, b: Base) -> None:
+    # task-2's grant (line 4) damaged, its completion (line 9) verifies among the lines after:
+    # task-2 stays completed after doctor --fix (#16)
+    _snap(d).unlink()
+    _journal(d).write_bytes(_flip(_journal(d).read_bytes(), b.offsets[4] + 20))
+
+
+@case("journal-grant-unreadable-completion-kept", "audit", 5, 4, 4)
+def _(d: Path, b: Base) -> None:
+    # the same with the grant's bytes unreadable (no fence in them): the completion's fence
+    # still counts for the high-water
+    _snap(d).unlink()
+    data = bytearray(_journal(d).read_bytes())
+    data[b.offsets[4] : b.offsets[5] - 1] = b"x" * (b.offsets[5] - 1 - b.offsets[4])
+    _journal(d).write_bytes(bytes(data))
+
+
 @case("journal-invalid-utf8", "audit", 11, 10, 10)
 def _(d: Path, b: Base) -> None:
     data = _journal(d).read_bytes()

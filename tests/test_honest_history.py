@@ -17,7 +17,7 @@ import orjson
 import pytest
 from fc_support import file_store, journal_lines, quarantined, replay, run_python
 
-from fleetclaims import AuditCorrupt, HistoryLost, Registry, RegistryCorrupt
+from fleetclaims import AuditCorrupt, HistoryLost, Registry, RegistryCorrupt, TaskCompleted
 from fleetclaims.core.chain import seal
 from fleetclaims.location import resolve as fleetclaims_location
 from fleetclaims.store.file import anchor, doctor
@@ -274,7 +274,8 @@ def test_verify_fails_whenever_the_store_would_refuse(tmp_path: Path) -> None:
 def test_damage_in_the_middle_keeps_the_verified_remainder(tmp_path: Path) -> None:
     """One flipped byte in the middle of a ~145-event journal: doctor --fix keeps every line
     after it that verifies (a journal_break records seq and byte range), completed tasks stay
-    completed, only the damaged line's task is named lost, and fences go on above."""
+    completed (also the one whose grant was the damaged line: its completion verified), only
+    the damaged line's task is named lost, and fences go on above."""
     d = tmp_path / "r"
     reg = Registry(d)
     for i in range(48):
@@ -294,9 +295,17 @@ def test_damage_in_the_middle_keeps_the_verified_remainder(tmp_path: Path) -> No
     assert report.ok, report.to_dict()
     lost = [f for f in report.findings if f.kind == "claims_lost"]
     assert {x["task"] for x in lost[0].details["lost"]} == {victim["task"]}
+    restored = [f for f in report.findings if f.kind == "completions_restored"]
+    assert restored and restored[0].details["tasks"] == [victim["task"]]
+    assert doctor.check(d, fix=True).ok  # converged
     fresh = Registry(d)
     done = {c.task for c in fresh.claims(include_completed=True) if c.state == "completed"}
-    assert done >= {f"t{i}" for i in range(48)} - {victim["task"]}
+    # ... the victim too: its grant was in the damaged line, its completion verified (#16)
+    assert done == {f"t{i}" for i in range(48)}
+    again = fresh.get(victim["task"])
+    assert again is not None and (again.owner, again.fence) == ("a", victim["fence"])
+    with pytest.raises(TaskCompleted):
+        fresh.claim(victim["task"], owner="b")
     breaks = [orjson.loads(x) for x in journal_lines(d)[0]
               if orjson.loads(x)["type"] == "journal_break"]
     assert breaks and breaks[0]["from_seq"] == victim["seq"] == breaks[0]["to_seq"]

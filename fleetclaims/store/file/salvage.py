@@ -162,6 +162,7 @@ class _Lines:
         self.offset = offset
         self.lines: list[bytes] = []
         self.applied = True  # False once an apply failed: the store replays and reports it
+        self.restored: list[str] = []  # tasks whose completion outlived their grant (keep)
 
     def add(self, fields: dict[str, Any]) -> None:
         event = envelope(self.seq + 1, time.time(), fields, self.head)
@@ -183,6 +184,8 @@ class _Lines:
         applied without the damaged lines."""
         fields = {k: v for k, v in event.items() if k not in ("seq", "ts", "prev", "hash")}
         fields.setdefault("ohash", event["hash"])
+        if fields.get("type") == ev.CLAIM_COMPLETED:
+            self._restore_completed(event)
         fence = fields.get("fence")
         if (fields.get("type") in ev.GRANTS and type(fence) is int
                 and fence > self.state.fence + 1):
@@ -198,6 +201,28 @@ class _Lines:
         self.offset += len(line)
         self.lines.append(line)
         return True
+
+    def _restore_completed(self, event: dict[str, Any]) -> None:
+        """A verified completion of a claim granted in the damaged lines (no claim of its fence
+        here): the claim is re-recorded from what the completion names (task, owner, fence;
+        the grant's other details are lost), so the kept completion leaves the task completed,
+        refused to a new claim unless reopened, and the fence high-water at least its fence."""
+        task, owner, fence = event.get("task"), event.get("owner"), event.get("fence")
+        if not (isinstance(task, str) and isinstance(owner, str) and type(fence) is int
+                and type(event.get("ts")) is float):
+            return  # (malformed: the apply refuses it, and it stays in quarantine)
+        current = self.state.claims.get(task)
+        if current is not None and current.fence == fence:
+            return  # its grant verified: the completion applies as it is
+        claim = Claim(task=task, owner=owner, fence=fence, claimed_at=event["ts"],
+                      renewed_at=event["ts"], retired=() if current is None else current.retired)
+        self.add({
+            "type": ev.REGISTRY_REBUILT, "actor": "doctor",
+            "reason": f"{owner}'s claim on {task} (fence {fence}) was granted in the damaged "
+            f"journal lines; its completion (seq {event['seq']}) verified and is kept, so the "
+            "claim is restored from what the completion names (the grant's details are lost)",
+            "claims": [claim.to_dict()], "fence_floor": max(self.state.fence, fence)})
+        self.restored.append(task)
 
 
 def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
@@ -284,6 +309,12 @@ def _keep_segments(fd: int, journal: JournalScan, lines: _Lines, original: str |
         report.add("claims_lost", f"held by the damaged lines (kept in the quarantined "
                    f"journal): {shown}; new claims get higher fences", WARNING,
                    lost=counts["damaged"][:1000]).fixed = True
+    if lines.restored:
+        shown = ", ".join(lines.restored[:10])
+        more = "" if len(lines.restored) <= 10 else f" and {len(lines.restored) - 10} more"
+        report.add("completions_restored", f"completed tasks whose grant was in the damaged "
+                   f"lines stay completed (their completion verified): {shown}{more}", WARNING,
+                   tasks=lines.restored[:1000]).fixed = True
     if counts["kept"]:
         report.add("segment_kept", f"kept {counts['kept']} verified lines after the damage "
                    f"({counts['breaks']} break(s) recorded as journal_break; "

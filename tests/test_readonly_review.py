@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from fleetclaims import AuditCorrupt, FleetclaimsError, Registry
-from fleetclaims.store.file import faults
+from fleetclaims import AuditCorrupt, FleetclaimsError, Registry, UnsafeRegistry
+from fleetclaims.store.file import faults, fsutil
 
 pytestmark = pytest.mark.integration
 
@@ -55,6 +55,67 @@ def test_reads_work_on_a_read_only_registry(tmp_path: Path,
     assert len(reg.events(limit=10).events) == 3
     with pytest.raises(FleetclaimsError):
         reg.claim("t9", owner="z")
+
+
+def _tree(*dirs: Path) -> dict[str, tuple[bytes, int, int]]:
+    """Every file under ``dirs``: bytes, mtime (ns) and mode, to show nothing was written."""
+    return {str(p): (p.read_bytes(), p.stat().st_mtime_ns, p.stat().st_mode)
+            for d in dirs if d.exists() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def _make_foreign(d: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Make ``d`` another user's registry, read-only (files 0444, directory 0555). As root
+    (who may do so) it is given to uid 54321 for real; otherwise the ownership check's seam
+    (fsutil.euid) is told that we are someone else. Returns the owner's uid."""
+    for p in d.iterdir():
+        os.chmod(p, 0o444)
+    if os.geteuid() == 0:
+        for p in [*d.iterdir(), d]:
+            os.chown(p, 54321, 54321)
+        owner = 54321
+    else:
+        owner = os.geteuid()
+        monkeypatch.setattr(fsutil, "euid", lambda: owner + 1)
+    os.chmod(d, 0o555)
+    return owner
+
+
+def test_another_users_registry_is_read_never_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user's 0444 registry: claims, get, events and explain show its state, with no
+    file opened for writing, created or changed (not even claims.lock); a write is refused
+    (UnsafeRegistry naming the owner, saying reads work and what to do) before the lock."""
+    d = tmp_path / "theirs"
+    _registry(d)
+    owner = _make_foreign(d, monkeypatch)
+    before = _tree(d, tmp_path / "anchors")
+    writes: list[str] = []
+    real = faults.osc.open
+
+    def open_(path: str, flags: int, mode: int = 0o600) -> int:
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            writes.append(path)
+        return real(path, flags, mode)
+
+    monkeypatch.setattr(faults.osc, "open", open_)
+    try:
+        reg = Registry(d)
+        assert {c.task for c in reg.claims()} == {"t1", "t2"}
+        got = reg.get("t2")
+        assert got is not None and got.owner == "b"
+        assert len(reg.events(limit=10).events) == 3
+        assert reg.explain("t1").holder == "a"
+        with pytest.raises(UnsafeRegistry) as refused:
+            reg.claim("t9", owner="z")
+        message = str(refused.value)
+        assert f"owned by uid {owner}" in message and "only read" in message
+        assert "Reading works" in message and "FLEETCLAIMS_DIR" in message
+        reg.close()
+    finally:
+        os.chmod(d, 0o700)  # (so that tmp_path can be removed)
+    assert writes == []
+    after = _tree(d, tmp_path / "anchors")
+    assert after == before
 
 
 def _damaged(d: Path) -> tuple[int, int]:

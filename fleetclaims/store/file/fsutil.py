@@ -23,8 +23,16 @@ O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 GITIGNORE = "# Created by fleetclaims: the registry is local state, never commit it.\n*\n"
 
 
-def check_directory(path: Path, *, create: bool) -> None:
-    """The registry directory must be a real directory we own that others cannot write to."""
+def euid() -> int | None:
+    """The user the registry files must belong to (None: a platform without uids). A seam:
+    tests that run as root replace it to meet another user's registry."""
+    return os.geteuid() if hasattr(os, "geteuid") else None
+
+
+def check_directory(path: Path, *, create: bool, others_ok: bool = False) -> int | None:
+    """The registry directory must be a real directory that others cannot write to, and ours;
+    with ``others_ok``, another user's is accepted for reading: returns its owner's uid (None:
+    ours), and the caller opens it read-only and refuses writes."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -39,9 +47,11 @@ def check_directory(path: Path, *, create: bool) -> None:
         raise UnsafeRegistry(str(path), "the registry directory is a symbolic link")
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeRegistry(str(path), "the registry path exists and is not a directory")
-    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+    me = euid()
+    foreign = None if me is None or st.st_uid == me else st.st_uid
+    if foreign is not None and not others_ok:
         raise UnsafeRegistry(
-            str(path), f"the directory is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+            str(path), f"the directory is owned by uid {st.st_uid}, not by you (uid {me})"
         )
     if st.st_mode & 0o022:
         raise UnsafeRegistry(
@@ -49,6 +59,7 @@ def check_directory(path: Path, *, create: bool) -> None:
             f"the directory is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})",
             hint=f"Run `chmod 700 {path}` if that is your registry, then retry.",
         )
+    return foreign
 
 
 def _write_gitignore(path: Path) -> None:
@@ -77,20 +88,24 @@ def open_file(path: Path, flags: int, *, create: bool = False) -> int:
             raise UnsafeRegistry(str(path), "it is a directory, not a regular file") from None
         raise
     try:
-        check_fd(fd, path)
+        check_fd(fd, path, reading=not flags & (os.O_WRONLY | os.O_RDWR) and not create)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def check_fd(fd: int, path: Path) -> os.stat_result:
+def check_fd(fd: int, path: Path, *, reading: bool = False) -> os.stat_result:
+    """A registry file is a regular file with one link, ours; for ``reading`` also one of
+    another user's registry (owned by the owner of its directory, see check_directory)."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeRegistry(str(path), "it is not a regular file (FIFO, device or directory)")
     if st.st_nlink > 1:
         raise UnsafeRegistry(str(path), f"it has {st.st_nlink} hard links; a registry file has one")
-    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+    me = euid()
+    if me is not None and st.st_uid != me and not (
+            reading and st.st_uid == os.lstat(path.parent).st_uid):
         raise UnsafeRegistry(str(path), f"it is owned by uid {st.st_uid}, not by you")
     return st
 

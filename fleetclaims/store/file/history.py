@@ -13,7 +13,7 @@ import contextlib
 import os
 from typing import Any
 
-from ...core.errors import AuditCorrupt, HistoryLost, RegistryCorrupt
+from ...core.errors import AuditCorrupt, HistoryLost, RegistryCorrupt, UnsafeRegistry
 from ...core.state import State
 from . import anchor, fsutil
 from .catchup import CatchUp
@@ -24,6 +24,19 @@ from .snapshot import read_snapshot
 class History(CatchUp):
     _history_owed = False
     damage: AuditCorrupt | None = None  # what a read could not verify (see read)
+    #: the uid owning the registry directory when it is not ours (another user's registry:
+    #: read only, never written: no lock taken, no file created or changed)
+    foreign_owner: int | None = None
+
+    def _refuse_foreign(self) -> None:
+        """Before any write (even taking the lock): another user's registry is refused."""
+        if self.foreign_owner is None:
+            return
+        raise UnsafeRegistry(
+            str(self.directory), f"it is owned by uid {self.foreign_owner}, not by you (uid "
+            f"{fsutil.euid()}): another user's registry is only read, never written",
+            hint="Reading works (claims, get, explain, audit, audit report); to change it, run "
+            "the command as its owner, or claim in your own registry (--dir, FLEETCLAIMS_DIR).")
 
     def _load(self, *, writer: bool) -> None:
         if (self._lock.generation() == 0 and not os.path.lexists(self.journal_path)
@@ -41,8 +54,11 @@ class History(CatchUp):
         self._history_owed = True
 
     def _open_journal(self, *, create: bool) -> bool:
+        if create:
+            self._refuse_foreign()
         try:
-            return super()._open_journal(create=create)
+            if self.foreign_owner is None:
+                return super()._open_journal(create=create)
         except OSError as exc:
             if create or exc.errno not in READ_ONLY_ERRNOS:
                 raise

@@ -19,11 +19,18 @@ from typing import Any
 from ...core.errors import AuditCorrupt, DurabilityError, RegistryCorrupt
 from ...core.state import State
 from ..base import VerifyReport
-from . import fsutil
+from . import fsutil, rotation, segments
 from .journal import apply_checked
 from .lock import RegistryLock
-from .reader import CATCH_UP_CHUNK, JournalReader, events_after, task_lines, verify_fd
-from .snapshot import anchor_problem, read_snapshot
+from .reader import (
+    CATCH_UP_CHUNK,
+    JournalReader,
+    events_after,
+    snapshot_problem,
+    task_lines,
+    verify_fd,
+)
+from .snapshot import read_snapshot
 
 JOURNAL = "audit.jsonl"
 SNAPSHOT = "claims.json"
@@ -122,6 +129,8 @@ class CatchUp:
                 # repaired): start again from disk.
                 self._drop_state()
             elif os.pread(self._fd, 1, self._offset) in (b"", b"\0"):
+                if writer and self._offset >= segments.SEGMENT_BYTES:
+                    rotation.rotate(self)  # (segments.py: seal the active journal)
                 return self._state  # nothing new: EOF or the preallocated (zero) space
         if self._state is None:
             self._load(writer=writer)
@@ -129,6 +138,8 @@ class CatchUp:
             if self._fd < 0:  # no journal yet: nothing to read (readers never create one)
                 return self._state
         self._consume(writer=writer)
+        if writer and self._offset >= segments.SEGMENT_BYTES:
+            rotation.rotate(self)  # (segments.py: seal the active journal)
         return self._state
 
     def _drop_state(self) -> None:
@@ -162,7 +173,7 @@ class CatchUp:
             self._sweep_temp_files()
         snapshot, problem = read_snapshot(self.snapshot_path) if snap_exists else (None, None)
         if snapshot is not None:
-            problem = anchor_problem(self._fd, snapshot)
+            problem = snapshot_problem(self._fd, snapshot, self.directory)
             if problem is None:
                 self._state = snapshot.state
                 self._offset = self._snap_offset = snapshot.offset

@@ -29,6 +29,10 @@ CRASH_POINTS = (
     "doctor.before_switch",  # the repaired journal written beside the damage, not renamed
     "doctor.after_switch",  # the repaired journal renamed in place, its snapshot not written
     "doctor.after_repair",  # the repair done, the loss not yet acknowledged (anchor, mark)
+    "segment.after_compress",  # sealed segment's gzip temp file durable, not renamed
+    "segment.after_seal",  # sealed segment in place, its lines still in audit.jsonl
+    "segment.after_snapshot",  # claims.json at the sealed head (offset 0), not switched
+    "segment.after_switch",  # empty audit.jsonl in place, generation bumped
 )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -25,8 +26,9 @@ from ...core.chain import ChainError, check_seal
 from ...core.errors import AuditCorrupt
 from ...core.model import GENESIS
 from ..base import VerifyReport
+from . import segments
 from .journal import check_event, check_link, line_before, seq_of
-from .snapshot import Snapshot
+from .snapshot import Snapshot, anchor_problem
 
 CHUNK = 1 << 20
 # A writer catching up reads a few lines: its first read is this small (the preallocated zeros
@@ -47,6 +49,7 @@ class Damage:
     seq: int
     offset: int
     reason: str
+    path: str = ""  # the sealed segment it is in ("": the active journal)
 
 
 class JournalReader:
@@ -89,6 +92,14 @@ class JournalReader:
         # hot path a resumption). Reads start at chunk_size and grow to CHUNK.
         self.torn = b""
         self.damage = None
+        if self.offset == 0 and mode != _RAW:
+            # The start of the active journal: after sealed segments when there are some.
+            if self.seq == 0 and (sealed := segments.sealed(Path(self.path).parent)):
+                yield from self._sealed(mode, sealed)
+                if self.damage is not None:
+                    return
+            if self.seq > 0 and not self._skip_sealed():
+                return
         fd, end, seq, prev = self.fd, self.end, self.seq, self.prev
         pos = pending_at = self.offset
         pending = b""
@@ -150,6 +161,67 @@ class JournalReader:
             else:
                 self.torn = pending
 
+    def _sealed(self, mode: int, sealed: list[segments.Segment]) -> Iterator[Any]:
+        """The lines of the sealed segments, checked as the active journal's (offset 0)."""
+        missing = segments.gap(sealed)
+        if missing is not None:
+            self.damage = Damage(missing[0], 0, (
+                f"sealed segment(s) with seq {missing[0]}..{missing[1]} missing from "
+                f"{sealed[0].path.parent}: put the file back (from a backup or the archive "
+                "directory) and run `fleetclaims audit verify`"), str(sealed[0].path.parent))
+            return
+        seq, prev = self.seq, self.prev
+        for seg in sealed:
+            if seg.last <= seq:
+                continue
+            try:
+                for line in segments.read_lines(seg):
+                    seq += 1
+                    try:
+                        if mode == _EVENTS:
+                            item: Any = check_event(line, seq, prev)
+                            prev = item["hash"]
+                        else:
+                            item = prev = check_link(line, seq, prev)
+                    except (ChainError, orjson.JSONDecodeError) as exc:
+                        self.damage = Damage(seq, 0, f"{seg.path.name}: {exc}", str(seg.path))
+                        return
+                    self.seq, self.prev = seq, prev
+                    yield 0, line, item
+            except segments.SegmentError as exc:
+                self.damage = Damage(seq + 1, 0, f"{seg.path.name}: {exc.reason}; keep the "
+                                     "file as it is (copy it aside) and restore it from a "
+                                     "backup or the archive",
+                                     str(seg.path))
+                return
+            if seq != seg.last:
+                self.damage = Damage(seq + 1, 0, f"{seg.path.name} ends at seq {seq}, its name "
+                                     f"says {seg.last}", str(seg.path))
+                return
+
+    def _skip_sealed(self) -> bool:
+        """At the start of the active journal of a segmented registry (``seq`` > 0): skip its
+        lines up to ``seq`` that a rotation cut short by a crash has sealed already, checking
+        that the chain meets there. False (``damage`` set) when it does not."""
+        first = seq_of(os.pread(self.fd, 64, 0))
+        if first is None or first > self.seq:
+            return True  # the usual case: it starts at seq + 1 (the chain check follows)
+        for offset, line, complete in iter_lines(self.fd, 0, self.end):
+            if not complete:
+                break
+            if seq_of(line) == self.seq:
+                try:
+                    ok = check_seal(line) == self.prev
+                except ChainError:
+                    ok = False
+                if ok:
+                    self.offset = offset + len(line) + 1
+                    return True
+                break
+        self.damage = Damage(self.seq + 1, 0, f"the journal's lines already sealed do not end "
+                             f"at seq {self.seq} with the sealed chain's hash")
+        return False
+
     @property
     def data_end(self) -> int:
         """Where the bytes read end: after the last verified line and any torn tail."""
@@ -170,7 +242,7 @@ class JournalReader:
         """The error naming ``damage`` (by default the damage found)."""
         damage = damage or self.damage
         assert damage is not None
-        return AuditCorrupt(self.path, seq=damage.seq, offset=damage.offset,
+        return AuditCorrupt(damage.path or self.path, seq=damage.seq, offset=damage.offset,
                             reason=damage.reason)
 
 
@@ -249,12 +321,27 @@ def events_after(fd: int, path: str, after: int, end: int) -> Iterator[dict[str,
     """The events with seq > ``after`` in the journal's bytes before ``end`` (which this process
     has read and checked already); closes ``fd`` when done."""
     try:
+        sealed = segments.sealed(Path(path).parent)
+        if sealed and after < sealed[-1].last:  # from the sealed segments on
+            reader = JournalReader(fd, path, end=end)
+            for _, _, event in reader.events():
+                if event["seq"] > after:
+                    yield event
+            if reader.damage is not None:
+                raise reader.corrupt()
+            return
         start = find_offset(fd, after, 0, end, 0)
         seq, prev = 0, GENESIS
         before = line_before(fd, start)
         if before is not None:  # the chain goes on from the line before
             event = orjson.loads(before[1])
             seq, prev = event["seq"], event["hash"]
+        elif sealed:  # the first line of the active journal: it goes on from the sealed ones
+            first = next(iter_lines(fd, 0, end), None)
+            if first is None or not first[2]:
+                return
+            event = orjson.loads(first[1])
+            seq, prev = event["seq"] - 1, event["prev"]
         reader = JournalReader(fd, path, offset=start, seq=seq, prev=prev, end=end)
         for _, _, event in reader.events():
             yield event
@@ -272,6 +359,15 @@ def task_lines(fd: int, path: str, task: str, end: int) -> Iterator[dict[str, An
     needles = (b'"task":' + orjson.dumps(task), b'"type":"registries_merged"')
     size = CHUNK * 8
     try:
+        sealed = segments.sealed(Path(path).parent)
+        for seg in sealed:  # through each one's index of the task's blocks
+            try:
+                for _, line in segments.task_lines(seg, task):
+                    yield from _task_event(line, task, str(seg.path), 0)
+            except segments.SegmentError as exc:
+                raise AuditCorrupt(str(seg.path), seq=exc.seq, offset=0,
+                                   reason=exc.reason) from None
+        skip = sealed[-1].last if sealed else 0  # (lines sealed by a rotation cut short)
         pos = 0
         while pos < end:
             chunk = os.pread(fd, min(size, end - pos), pos)
@@ -289,6 +385,8 @@ def task_lines(fd: int, path: str, task: str, end: int) -> Iterator[dict[str, An
                     at = chunk.find(needle, chunk.find(b"\n", at, cut) + 1, cut)
             for line_at in sorted(starts):
                 line = chunk[line_at : chunk.find(b"\n", line_at, cut)]
+                if skip and (seq_of(line) or 0) <= skip:
+                    continue
                 yield from _task_event(line, task, path, pos + line_at)
             pos += cut
     finally:
@@ -356,3 +454,14 @@ def _verify(fd: int, path: str, progress: Callable[[int, int], None] | None,
                             damage.seq, damage.offset, anchor_ok)
     return VerifyReport(True, count, reader.offset, reader.prev, None, None, None, anchor_ok,
                         len(reader.torn))
+
+
+def snapshot_problem(fd: int, snapshot: Snapshot, directory: Path) -> str | None:
+    """``snapshot.anchor_problem`` knowing sealed segments: a snapshot at offset 0 of the active
+    journal with events is the one a rotation wrote, when the sealed segments end at its seq
+    (the chain from there is checked by the reader that goes on from it)."""
+    if snapshot.offset == 0 and snapshot.state.seq > 0:
+        sealed = segments.sealed(directory)
+        if sealed and sealed[-1].last == snapshot.state.seq:
+            return None
+    return anchor_problem(fd, snapshot)

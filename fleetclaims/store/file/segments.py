@@ -1,0 +1,258 @@
+"""Sealed journal segments: the journal rotates into gzip files under ``segments/``.
+
+``audit.jsonl`` is always the active segment (appended to). When it passes ``SEGMENT_BYTES``
+after a checkpoint, a writer seals it, under the registry lock:
+
+1. its lines are compressed to ``segments/audit-<first seq>-<last seq>.jsonl.gz`` (through a
+   temp file, fsynced, renamed), with a per-task index beside it (``.idx.json``, derived);
+2. ``claims.json`` is written at the sealed head with offset 0 (it fits the old active journal,
+   whose lines up to that seq are sealed, and the new empty one alike);
+3. an empty ``audit.jsonl`` replaces the active one and the lock's generation is bumped, so
+   every other handle reloads.
+
+A crash between steps leaves lines both sealed and in ``audit.jsonl``: readers skip the active
+journal's lines up to the last sealed seq (checking that the chain meets there), and the next
+rotation seals only the lines after it. The hash chain runs on across segments unchanged:
+``zcat segments/*.gz; cat audit.jsonl`` is the whole journal.
+
+Each sealed file is a series of gzip members of ~``BLOCK`` bytes of whole lines (plain gzip to
+``zcat``); the index names, per task, the members that hold its lines, so ``explain`` reads
+only those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ...core.chain import ChainError, check_seal
+from . import fsutil
+from .faults import crash_point, osc
+from .journal import seq_of, write_at
+
+SEGMENT_BYTES = 64 << 20  # rotate the active journal past this size (tests patch it small)
+BLOCK = 256 << 10  # raw bytes of whole lines per gzip member (the index's unit)
+DIRNAME = "segments"
+_NAME = re.compile(r"^audit-(\d{12})-(\d{12})\.jsonl\.gz$")
+_TASK = re.compile(rb'"task":("(?:[^"\\]|\\.)*")')
+
+__all__ = ["BLOCK", "DIRNAME", "SEGMENT_BYTES", "Segment", "SegmentError", "read_lines",
+           "seal", "sealed", "task_lines"]
+
+
+class SegmentError(Exception):
+    """A sealed segment cannot be read: ``reason`` says why and what to do."""
+
+    def __init__(self, path: Path, seq: int, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.seq = seq
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Segment:
+    path: Path
+    first: int
+    last: int
+
+    @property
+    def index_path(self) -> Path:
+        return self.path.with_name(self.path.name[: -len(".jsonl.gz")] + ".idx.json")
+
+
+def name(first: int, last: int) -> str:
+    return f"audit-{first:012d}-{last:012d}.jsonl.gz"
+
+
+def sealed(directory: Path) -> list[Segment]:
+    """The sealed segments in seq order (none: an empty list, one listdir)."""
+    try:
+        names = os.listdir(directory / DIRNAME)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for entry in names:
+        m = _NAME.match(entry)
+        if m:
+            found.append(Segment(directory / DIRNAME / entry, int(m[1]), int(m[2])))
+    found.sort(key=lambda s: s.first)
+    return found
+
+
+def gap(segments: list[Segment], start: int = 1) -> tuple[int, int] | None:
+    """The first seq range missing between ``start`` and the segments, or None."""
+    expected = start
+    for seg in segments:
+        if seg.first > expected:
+            return expected, seg.first - 1
+        expected = max(expected, seg.last + 1)
+    return None
+
+
+def read_lines(seg: Segment) -> Iterator[bytes]:
+    """The lines (without newline) of a sealed segment; SegmentError when it cannot be
+    decompressed or is cut short."""
+    try:
+        fd = os.open(seg.path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise SegmentError(seg.path, seg.first, "the sealed segment vanished while reading: "
+                           "restore it from a backup") from None
+    try:
+        pending = b""
+        d = zlib.decompressobj(wbits=31)
+        started = False  # d has been fed the start of a member that has not ended yet
+        pos = 0
+        while True:
+            chunk = os.pread(fd, 1 << 20, pos)
+            if not chunk:
+                break
+            pos += len(chunk)
+            while chunk:
+                started = True
+                try:
+                    data = d.decompress(chunk)
+                except zlib.error as exc:
+                    raise SegmentError(seg.path, seg.first, f"gzip data damaged before "
+                                       f"compressed byte {pos}: {exc}") from None
+                chunk = b""
+                if d.eof:  # the next member
+                    chunk = d.unused_data
+                    d = zlib.decompressobj(wbits=31)
+                    started = False
+                pending += data
+                cut = pending.rfind(b"\n") + 1
+                if cut:
+                    yield from pending[: cut - 1].split(b"\n")
+                    pending = pending[cut:]
+        if pending or started:
+            raise SegmentError(seg.path, seg.first, "the gzip file is cut short")
+    finally:
+        os.close(fd)
+
+
+def _compress(lines: bytes) -> tuple[bytes, list[tuple[int, int, int]]]:
+    """Members of ~BLOCK bytes of whole lines, and for each (compressed offset, length,
+    first byte of the raw block)."""
+    out: list[bytes] = []
+    blocks: list[tuple[int, int, int]] = []
+    pos = raw = 0
+    while raw < len(lines):
+        end = lines.rfind(b"\n", raw, raw + BLOCK) + 1
+        if end <= raw:
+            end = lines.find(b"\n", raw + BLOCK) + 1 or len(lines)
+        c = zlib.compressobj(6, zlib.DEFLATED, 31)
+        member = c.compress(lines[raw:end]) + c.flush()
+        out.append(member)
+        blocks.append((pos, len(member), raw))
+        pos += len(member)
+        raw = end
+    return b"".join(out), blocks
+
+
+def _index(lines: bytes, blocks: list[tuple[int, int, int]]) -> dict[str, Any]:
+    tasks: dict[str, list[int]] = {}
+    merges: list[int] = []
+    for n, (_, _, raw) in enumerate(blocks):
+        end = blocks[n + 1][2] if n + 1 < len(blocks) else len(lines)
+        block = lines[raw:end]
+        for m in _TASK.finditer(block):
+            task = orjson.loads(m[1])
+            seen = tasks.setdefault(task, [])
+            if not seen or seen[-1] != n:
+                seen.append(n)
+        if b'"type":"registries_merged"' in block:
+            merges.append(n)
+    return {"blocks": [[c, n] for c, n, _ in blocks], "tasks": tasks, "merges": merges}
+
+
+def seal(directory: Path, data: bytes, first: int, last: int, *, sync: bool) -> Segment:
+    """Write ``data`` (whole lines ``first``..``last``) as a sealed segment and its index."""
+    folder = directory / DIRNAME
+    folder.mkdir(mode=0o700, exist_ok=True)
+    seg = Segment(folder / name(first, last), first, last)
+    packed, blocks = _compress(data)
+    index = orjson.dumps(_index(data, blocks))
+    tmp = folder / f".{seg.path.name}.tmp"
+    fd = fsutil.open_file(tmp, os.O_WRONLY | os.O_TRUNC, create=True)
+    try:
+        write_at(fd, packed, 0)
+        if sync:
+            osc.fsync(fd)
+    finally:
+        os.close(fd)
+    crash_point("segment.after_compress")
+    osc.replace(str(tmp), str(seg.path))
+    if sync:
+        fsutil.fsync_dir(folder)
+    crash_point("segment.after_seal")
+    # The index is derived: written after the segment, never trusted over it (a missing or
+    # unreadable one means reading the whole segment).
+    with contextlib.suppress(OSError):
+        itmp = folder / f".{seg.index_path.name}.tmp"
+        ifd = fsutil.open_file(itmp, os.O_WRONLY | os.O_TRUNC, create=True)
+        try:
+            write_at(ifd, index, 0)
+        finally:
+            os.close(ifd)
+        os.replace(itmp, seg.index_path)
+    return seg
+
+
+def _block_lines(seg: Segment, offset: int, length: int) -> list[bytes]:
+    with open(seg.path, "rb") as f:
+        f.seek(offset)
+        raw = f.read(length)
+    try:
+        return zlib.decompress(raw, 31).split(b"\n")[:-1]
+    except zlib.error as exc:
+        raise SegmentError(seg.path, seg.first, f"gzip member at byte {offset} damaged: "
+                           f"{exc}") from None
+
+
+def _indexed(seg: Segment) -> dict[str, Any] | None:
+    try:
+        index = orjson.loads(seg.index_path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return index if isinstance(index, dict) and isinstance(index.get("tasks"), dict) else None
+
+
+def task_lines(seg: Segment, task: str) -> Iterator[tuple[int, bytes]]:
+    """(offset 0, line) of each line of ``seg`` that may be about ``task`` (the caller checks
+    the seal and the task): through the index when it is readable, else the whole segment."""
+    index = _indexed(seg)
+    needle = b'"task":' + orjson.dumps(task)
+    merge = b'"type":"registries_merged"'
+    if index is None:
+        for line in read_lines(seg):
+            if needle in line or merge in line:
+                yield 0, line
+        return
+    wanted = sorted(set(index["tasks"].get(task, ())) | set(index.get("merges", ())))
+    blocks = index["blocks"]
+    for n in wanted:
+        offset, length = blocks[n]
+        for line in _block_lines(seg, offset, length):
+            if needle in line or merge in line:
+                yield 0, line
+
+
+def last_link(seg: Segment) -> tuple[int, str]:
+    """(seq, hash) of the segment's last line (reads the segment)."""
+    last = b""
+    for last in read_lines(seg):  # noqa: B007 - the last one is wanted
+        pass
+    try:
+        digest = check_seal(last)
+    except ChainError as exc:
+        raise SegmentError(seg.path, seg.last, f"last line does not verify: {exc}") from None
+    return seq_of(last) or 0, digest

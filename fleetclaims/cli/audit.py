@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.durations import format_duration, iso, parse_instant
@@ -41,7 +42,15 @@ def add_parsers(add: AddParser) -> None:
 
     p = add("audit", "review the audit log: filter, follow, verify, export, report")
     p.add_argument("action", nargs="?",
-                   choices=("list", "verify", "export", "report", "anchor"), default="list")
+                   choices=("list", "verify", "export", "report", "anchor", "archive"),
+                   default="list")
+    p.add_argument("--before", metavar="AGE",
+                   help="archive: move sealed journal segments whose events are all older than "
+                   "AGE (90d, 12h) out of segments/")
+    p.add_argument("--to", metavar="DIR",
+                   help="archive: where to move them (default: the registry's archive/ folder)")
+    p.add_argument("--with", dest="with_dir", metavar="DIR",
+                   help="verify: also check the segments archived to DIR against the anchor")
     p.add_argument("--anchor", metavar="SEQ:HASH",
                    help="verify: prove the journal still holds this head (from `audit anchor`)")
     p.add_argument("--key", action="store_true",
@@ -128,6 +137,14 @@ def cmd_audit(args: argparse.Namespace, out: Out) -> int:
     if args.anchor is not None and args.action != "verify":
         raise ValidationError("--anchor", "belongs to `audit verify`: fleetclaims audit verify "
                               f"--anchor {args.anchor}")
+    if (args.before is not None or args.to is not None) and args.action != "archive":
+        raise ValidationError("--before/--to", "belong to `audit archive`: fleetclaims audit "
+                              "archive --before 90d [--to DIR]")
+    if args.with_dir is not None and args.action != "verify":
+        raise ValidationError("--with", "belongs to `audit verify`: fleetclaims audit verify "
+                              f"--with {args.with_dir}")
+    if args.action == "archive":
+        return _audit_archive(args, out)
     if args.action == "verify":
         return _audit_verify(args, out)
     if args.action == "anchor":
@@ -298,6 +315,38 @@ def _store_refusal(reg: Any) -> str | None:
     return _mirror_problem(reg)
 
 
+def _audit_archive(args: argparse.Namespace, out: Out) -> int:
+    from ..core.durations import parse_duration
+    from ..store.file import archive
+
+    if args.before is None:
+        raise ValidationError("--before", "is required: say how old the archived events must "
+                              "be (fleetclaims audit archive --before 90d); nothing is archived "
+                              "by default")
+    before = parse_duration(args.before, "--before")
+    reg = reader(args)
+    if not hasattr(reg.store, "journal_path"):
+        raise ValidationError("archive", "applies to a file registry's journal segments "
+                              f"({reg.location} keeps its journal in a database)")
+    done = archive.archive_registry(reg.store, before, None if args.to is None else
+                                    Path(args.to))
+    if out.json:
+        out.doc(done)
+    elif done["archived"]:
+        out.line(f"archived {len(done['archived'])} segment(s) to {done['to']}: events up to "
+                 f"seq {done['seq']} (anchor in segments/{archive.ANCHOR}; check them with "
+                 f"`fleetclaims audit verify --with {done['to']}`)")
+    else:
+        out.line(f"nothing to archive: no sealed segment is older than {args.before}")
+    return EXIT_OK
+
+
+def _verify_with(reg: Any, directory: str) -> dict[str, Any]:
+    from ..store.file import archive
+
+    return archive.verify_with(Path(str(reg.location)), Path(directory))
+
+
 def _audit_verify(args: argparse.Namespace, out: Out) -> int:
     wanted = None if args.anchor is None else _parse_anchor(args.anchor)
     reg = reader(args)
@@ -315,6 +364,7 @@ def _audit_verify(args: argparse.Namespace, out: Out) -> int:
         sys.stderr.write("\n")
     refusal = _store_refusal(reg) if report.ok else None
     missing = None if wanted is None or not report.ok else _anchor_held(reg, *wanted)
+    archived = None if args.with_dir is None else _verify_with(reg, args.with_dir)
     if out.json:
         out.doc({"ok": report.ok and refusal is None and missing is None,
                  "events": report.events, "bytes": report.bytes,
@@ -323,12 +373,15 @@ def _audit_verify(args: argparse.Namespace, out: Out) -> int:
                  "torn_tail_bytes": report.torn_tail, "seconds": round(elapsed, 3),
                  "refused": refusal, "anchor": args.anchor,
                  "anchor_held": None if wanted is None else missing is None,
-                 "anchor_problem": missing})
+                 "anchor_problem": missing, "archive": archived})
     else:
         _print_verify(out, report, elapsed)
         if refusal is not None:
             out.line(out.paint("DAMAGED", "31;1") + f": the chain verifies but the registry "
                      f"refuses to work: {refusal}")
+        if archived is not None:
+            out.line(f"archive {args.with_dir}: {archived['archived_events']} events verified, "
+                     f"ending at the anchor (seq {archived['seq']})")
         if wanted is not None and report.ok:
             out.line(f"anchor {wanted[0]}:{wanted[1][:16]}…: " + (
                 "held by the journal" if missing is None else out.paint("NOT HELD", "31;1")

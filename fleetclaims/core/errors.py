@@ -317,6 +317,13 @@ class AuditCorrupt(RegistryCorrupt):
         )
 
 
+class ArchiveMismatch(RegistryCorrupt):
+    """Archived journal segments (``audit archive``) do not match the anchor recorded when they
+    were moved out: a file missing, changed, or a chain that does not end at the anchor."""
+
+    code = "archive_mismatch"
+
+
 class HistoryLost(RegistryCorrupt):
     """The registry's history does not reach what its anchor (mirrored outside the registry
     folder) recorded: the folder vanished, the journal was replaced by another registry's, or

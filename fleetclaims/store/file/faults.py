@@ -33,6 +33,9 @@ CRASH_POINTS = (
     "segment.after_seal",  # sealed segment in place, its lines still in audit.jsonl
     "segment.after_snapshot",  # claims.json at the sealed head (offset 0), not switched
     "segment.after_switch",  # empty audit.jsonl in place, generation bumped
+    "archive.after_copy",  # archived segments copied (fsynced) to DIR, nothing else changed
+    "archive.after_anchor",  # segments/archived.json names them, still in segments/ too
+    "archive.after_remove",  # archived segments removed from segments/
 )
 
 

@@ -23,10 +23,10 @@ from typing import Any
 import orjson
 
 from ...core.chain import ChainError, check_seal
-from ...core.errors import AuditCorrupt
+from ...core.errors import ArchiveMismatch, AuditCorrupt
 from ...core.model import GENESIS
 from ..base import VerifyReport
-from . import segments
+from . import archive, segments
 from .journal import check_event, check_link, line_before, seq_of
 from .snapshot import Snapshot, anchor_problem
 
@@ -64,10 +64,15 @@ class JournalReader:
     writer may have appended meanwhile): set ``offset``, ``seq`` and ``prev`` to start elsewhere.
     """
 
-    __slots__ = ("chunk_size", "damage", "end", "fd", "offset", "path", "prev", "seq", "torn")
+    __slots__ = ("chunk_size", "damage", "end", "fd", "from_anchor", "offset", "path", "prev",
+                 "seq", "torn")
 
     def __init__(self, fd: int, path: str, *, offset: int = 0, seq: int = 0,
-                 prev: str = GENESIS, end: int | None = None, chunk_size: int = CHUNK) -> None:
+                 prev: str = GENESIS, end: int | None = None, chunk_size: int = CHUNK,
+                 from_anchor: bool = False) -> None:
+        # from_anchor: when segments were archived (`audit archive`), start after them (verify,
+        # listing); otherwise (a replay needs every event) that is damage naming the archive.
+        self.from_anchor = from_anchor
         self.fd = fd
         self.path = path
         self.offset = offset
@@ -94,10 +99,14 @@ class JournalReader:
         self.damage = None
         if self.offset == 0 and mode != _RAW:
             # The start of the active journal: after sealed segments when there are some.
-            if self.seq == 0 and (sealed := segments.sealed(Path(self.path).parent)):
-                yield from self._sealed(mode, sealed)
+            if self.seq == 0:
+                sealed = self._after_archive(segments.sealed(Path(self.path).parent))
                 if self.damage is not None:
                     return
+                if sealed:
+                    yield from self._sealed(mode, sealed)
+                    if self.damage is not None:
+                        return
             if self.seq > 0 and not self._skip_sealed():
                 return
         fd, end, seq, prev = self.fd, self.end, self.seq, self.prev
@@ -161,9 +170,30 @@ class JournalReader:
             else:
                 self.torn = pending
 
+    def _after_archive(self, sealed: list[segments.Segment]) -> list[segments.Segment]:
+        """The sealed segments to read from seq 0: after the archive anchor if there is one
+        (``seq`` and ``prev`` set to it), or none and ``damage`` set."""
+        try:
+            anchor = archive.read_anchor(Path(self.path).parent)
+        except ArchiveMismatch as exc:
+            self.damage = Damage(1, 0, str(exc), exc.path)
+            return []
+        if anchor is None or (not self.from_anchor and sealed and sealed[0].first == 1
+                              and segments.gap(sealed) is None):
+            return sealed  # (archived segments copied back: a replay reads them all)
+        if not self.from_anchor:
+            dirs = sorted({str(f.get("dir")) for f in anchor.files})
+            self.damage = Damage(1, 0, (
+                f"events 1..{anchor.seq} were archived (to {', '.join(dirs)}) and this read "
+                "needs them all (claims.json is missing or unusable): copy the archived "
+                f"segments back into {anchor.path.parent}"), str(anchor.path))
+            return []
+        self.seq, self.prev = anchor.seq, anchor.hash
+        return [seg for seg in sealed if seg.last > anchor.seq]
+
     def _sealed(self, mode: int, sealed: list[segments.Segment]) -> Iterator[Any]:
         """The lines of the sealed segments, checked as the active journal's (offset 0)."""
-        missing = segments.gap(sealed)
+        missing = segments.gap(sealed, self.seq + 1)
         if missing is not None:
             self.damage = Damage(missing[0], 0, (
                 f"sealed segment(s) with seq {missing[0]}..{missing[1]} missing from "
@@ -323,7 +353,7 @@ def events_after(fd: int, path: str, after: int, end: int) -> Iterator[dict[str,
     try:
         sealed = segments.sealed(Path(path).parent)
         if sealed and after < sealed[-1].last:  # from the sealed segments on
-            reader = JournalReader(fd, path, end=end)
+            reader = JournalReader(fd, path, end=end, from_anchor=True)
             for _, _, event in reader.events():
                 if event["seq"] > after:
                     yield event
@@ -342,7 +372,8 @@ def events_after(fd: int, path: str, after: int, end: int) -> Iterator[dict[str,
                 return
             event = orjson.loads(first[1])
             seq, prev = event["seq"] - 1, event["prev"]
-        reader = JournalReader(fd, path, offset=start, seq=seq, prev=prev, end=end)
+        reader = JournalReader(fd, path, offset=start, seq=seq, prev=prev, end=end,
+                               from_anchor=True)
         for _, _, event in reader.events():
             yield event
         if reader.damage is not None:  # the bytes changed since this process read them
@@ -428,7 +459,7 @@ def verify_fd(
 def _verify(fd: int, path: str, progress: Callable[[int, int], None] | None,
             anchor: tuple[int, int, str] | None) -> VerifyReport:
     size = os.fstat(fd).st_size
-    reader = JournalReader(fd, path)
+    reader = JournalReader(fd, path, from_anchor=True)
     anchor_ok: bool | None = None if anchor is None else False
     count = 0
     while True:

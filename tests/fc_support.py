@@ -117,6 +117,21 @@ def run_python(code: str, *args: str, env: dict[str, str] | None = None,
     )
 
 
+def cli_env(directory: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a command line on the registry ``directory``: this process's, less
+    every FLEETCLAIMS_ variable (the owner, a token, another registry), plus ``env``."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("FLEETCLAIMS_")}
+    full.update(env or {}, FLEETCLAIMS_DIR=str(directory))
+    return full
+
+
+def cli(directory: Path, *args: str, env: dict[str, str] | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``fleetclaims ARGS`` on ``directory`` in a new process (see cli_env) to its end."""
+    return subprocess.run([PYTHON, "-m", "fleetclaims", *args], capture_output=True, text=True,
+                          env=cli_env(directory, env), timeout=timeout, check=False)
+
+
 def append_raw(path: Path, data: bytes) -> None:
     """Write ``data`` where the journal's data ends (its first NUL byte, or EOF), as a writer
     that died mid-append would have left it: the journal is preallocated with zeros."""

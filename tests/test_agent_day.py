@@ -13,26 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
+from fc_support import cli, cli_env
 
 from fleetclaims import Registry
 
 pytestmark = pytest.mark.integration
 
 
-def cli(directory: Path, *args: str, env: dict[str, str] | None = None,
-        timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("FLEETCLAIMS_")}
-    full.update(env or {}, FLEETCLAIMS_DIR=str(directory))
-    return subprocess.run([sys.executable, "-m", "fleetclaims", *args], capture_output=True,
-                          text=True, env=full, timeout=timeout, check=False)
-
-
 def start(directory: Path, *args: str, env: dict[str, str] | None = None,
           ) -> subprocess.Popen[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("FLEETCLAIMS_")}
-    full.update(env or {}, FLEETCLAIMS_DIR=str(directory))
-    return subprocess.Popen([sys.executable, "-m", "fleetclaims", *args], text=True, env=full,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-m", "fleetclaims", *args], text=True,
+                            env=cli_env(directory, env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
 
 
 @pytest.mark.slow

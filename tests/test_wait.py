@@ -13,18 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from fc_support import cli
 
 from fleetclaims import ClaimConflict, Registry, ValidationError, _wait
 
 pytestmark = pytest.mark.integration
-
-
-def cli(directory: Path, *args: str, env: dict[str, str] | None = None,
-        timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("FLEETCLAIMS_")}
-    full.update(env or {}, FLEETCLAIMS_DIR=str(directory))
-    return subprocess.run([sys.executable, "-m", "fleetclaims", *args], capture_output=True,
-                          text=True, env=full, timeout=timeout, check=False)
 
 
 def python(code: str, directory: Path) -> subprocess.Popen[str]:

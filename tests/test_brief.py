@@ -85,3 +85,17 @@ def test_cli_text_json_and_owner_from_environment(tmp_path: Path) -> None:
     doc = json.loads(run_brief(tmp_path, "--owner", "agent-b", "--json").stdout)
     assert doc["owner"] == "agent-b" and doc["mine"] == []
     assert [e["task"] for e in doc["held_by_others"]] == ["issue-42"]
+
+
+def test_time_left_is_told_by_the_clock_that_decides_expiry(file_registry: Registry,
+                                                             clock: FakeClock) -> None:
+    """A wall-clock step of an hour (NTP, a user) neither makes a live lease look over in the
+    brief nor hides the time it has left: the boot clock that decides expiry tells it."""
+    file_registry.claim("t", owner="a", ttl=90)
+    clock.advance(30)
+    clock.step_wall(3600)
+    doc = build(file_registry, "a", clock.now().wall)
+    entry = doc["mine"][0]
+    assert entry["stale"] is None and entry["expires_in"] == 60
+    clock.step_wall(-7200)  # (and back, to an hour before: not a longer lease either)
+    assert build(file_registry, "a", clock.now().wall)["mine"][0]["expires_in"] == 60

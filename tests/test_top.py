@@ -18,6 +18,7 @@ import pytest
 from fleetclaims import Registry
 from fleetclaims.errors import ClaimConflict
 from fleetclaims.review import top
+from fleetclaims.testing import FakeClock
 
 pytestmark = pytest.mark.integration
 
@@ -252,3 +253,42 @@ def test_top_does_not_slow_other_commands() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, encoding="utf-8",
                           timeout=60, check=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_time_left_is_told_by_the_clock_that_decides_expiry(file_registry: Registry,
+                                                             clock: FakeClock) -> None:
+    """After a wall-clock step of an hour, a live lease is neither stale nor shown with the
+    wall clock's time left: the boot clock that decides expiry tells it (_reads.lease_left)."""
+    file_registry.claim("t", owner="a", ttl=90)
+    clock.advance(30)
+    clock.step_wall(3600)
+    watcher = top.Watcher(file_registry, "reg")
+    watcher.poll()
+    (held,) = watcher.model.held
+    assert not held.stale and held.left(watcher.now()) == 60
+    row = next(r for r in top.render(watcher.model, watcher.now()) if r.startswith("t "))
+    assert "1m" in row and "stale" not in row, row
+
+
+def test_a_default_registry_created_while_top_runs_appears(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """top on a default registry that no write has created yet shows it empty, and shows its
+    claims as soon as a write creates it (without a restart)."""
+    import argparse
+
+    from fleetclaims.cli.args import reader
+
+    where = tmp_path / "not-yet"
+    monkeypatch.setenv("FLEETCLAIMS_DIR", str(where))
+    reg = reader(argparse.Namespace(dir=None, durability="full", allow_unsafe_fs=False))
+    watcher = top.Watcher(reg, str(reg.location))
+    assert not watcher.poll() and watcher.model.held == []
+    writer = Registry(where)
+    writer.claim("t1", owner="a")
+    assert watcher.poll()
+    assert [h.task for h in watcher.model.held] == ["t1"]
+    writer.claim("t2", owner="b")
+    assert watcher.poll()
+    assert [h.task for h in watcher.model.held] == ["t1", "t2"]
+    writer.close()
+    watcher.reg.close()

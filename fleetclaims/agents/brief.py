@@ -9,18 +9,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._reads import lease_left
 from ..core.durations import format_duration, relative
 
 if TYPE_CHECKING:
     from ..api import Registry
-    from ..core.model import Claim
+    from ..core.model import Claim, Now
 
 SHOWN = 15  # entries per section; the rest are counted, not listed
 RENEW_AT = 1 / 3  # renew once less than this share of the TTL is left (what `hold`/`run` do)
 
 
-def _entry(c: Claim, now: float, stale: str | None) -> dict[str, Any]:
-    left = None if c.expires_at is None else round(c.expires_at - now, 1)
+def _entry(c: Claim, clocks: Now, stale: str | None) -> dict[str, Any]:
+    left = lease_left(c.expires_at, c.boot_deadline, c.deadline_boot, clocks)
+    left = None if left is None else round(left, 1)
     renew = (stale is None and left is not None and c.ttl is not None
              and left < c.ttl * RENEW_AT)
     return {"task": c.task, "owner": c.owner, "fence": c.fence, "phase": c.phase,
@@ -31,11 +33,14 @@ def _entry(c: Claim, now: float, stale: str | None) -> dict[str, Any]:
 def build(reg: Registry, owner: str | None, now: float, *, tools: bool = False,
           ) -> dict[str, Any]:
     """The brief as data (``--json``); :func:`render` turns it into text. ``tools``: the
-    actions as MCP tool calls instead of shell commands."""
+    actions as MCP tool calls instead of shell commands. ``now`` is the time of the brief;
+    the time left of each lease is told by the store's clocks, those that decide expiry (on
+    the boot that set a deadline, the boot clock: a wall-clock step does not move it)."""
     mine, others, stale = [], [], []
+    clocks = reg.store.now()
     for c in reg.claims(include_expired=True):
         why = reg.is_stale(c)
-        e = _entry(c, now, why)
+        e = _entry(c, clocks, why)
         if owner is not None and c.owner == owner:
             mine.append(e)
         elif why is not None:

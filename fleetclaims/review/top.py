@@ -19,7 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._reads import lease_left
 from ..core import events as ev
+from ..core.model import Now
 from .facts import duration
 
 if TYPE_CHECKING:
@@ -42,6 +44,13 @@ class Held:
     stale: bool  # lease ran out (or marked stale) and nobody took it over yet
     labels: tuple[str, ...] = ()
     waiters: tuple[str, ...] = ()  # owners refused since it was granted
+    boot_deadline: float | None = None  # the deadline on the boot clock of deadline_boot
+    deadline_boot: str = ""
+
+    def left(self, now: Now | float) -> float | None:
+        """Seconds of lease left (None: parked), told by the clock that decides expiry
+        (_reads.lease_left: the boot clock on the boot that set the deadline)."""
+        return lease_left(self.expires_at, self.boot_deadline, self.deadline_boot, now)
 
 
 @dataclass
@@ -98,10 +107,10 @@ def _bar(left: float, ttl: float | None, width: int) -> str:
     return "█" * full + "░" * (width - full)
 
 
-def _left(h: Held, now: float, style: Style, width: int) -> str:
-    if h.expires_at is None:
+def _left(h: Held, now: Now | float, style: Style, width: int) -> str:
+    left = h.left(now)
+    if left is None:
         return style("parked".ljust(10), "36") + " " * width
-    left = h.expires_at - now
     if h.stale or left <= 0:
         return style(f"-{duration(-left)}".ljust(10), "31;1") + style(" stale".ljust(width), "31")
     code = "32" if h.ttl is None or left > h.ttl / 3 else "33"
@@ -112,16 +121,17 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 
-def render(model: Model, now: float, *, width: int = 100, height: int = 30,
+def render(model: Model, now: Now | float, *, width: int = 100, height: int = 30,
            colour: bool = False, tty: bool = True) -> list[str]:
-    """The screen as lines (each at most ``width`` visible characters)."""
+    """The screen as lines (each at most ``width`` visible characters); ``now``: the clocks
+    (a wall-clock time alone tells the leases by the wall clock)."""
     st = Style(colour)
     held = [h for h in model.held if (model.owner is None or h.owner == model.owner)
             and (model.label is None or model.label in h.labels)]
     waiting = sum(len(h.waiters) for h in held)
     filters = ", ".join(f for f in (model.owner and f"owner={model.owner}",
                                     model.label and f"label={model.label}") if f) or "all"
-    clock = time.strftime("%H:%M:%S", time.gmtime(now))
+    clock = time.strftime("%H:%M:%S", time.gmtime(now.wall if isinstance(now, Now) else now))
     lines = [_fit(f"fleetclaims top · {model.location} · {clock} UTC · seq {model.seq}",
                   width),
              _fit(f"{len(held)} held · {sum(h.stale for h in held)} stale · {waiting} waiting"
@@ -167,9 +177,13 @@ class Watcher:
         self.cursor = max(0, reg.stats().seq - HISTORY)
         self.refused: dict[str, dict[str, float]] = {}  # task -> owner -> last refusal
 
+    def now(self) -> Now:
+        """The clocks of the registry's store (those that decide expiry)."""
+        return self.reg.store.now()
+
     def poll(self) -> bool:
         """Read what was appended; True when anything was."""
-        moved = False
+        moved = self._appeared()
         while True:
             page = self.reg.events(after=self.cursor, limit=10_000)
             for e in page.events:
@@ -181,6 +195,27 @@ class Watcher:
         if moved or not self.model.held:
             self._held()
         return moved
+
+    def _appeared(self) -> bool:
+        """A default registry that no write had created when top started is shown empty (see
+        cli.args.reader); once a write creates it, it is read from then on. True then."""
+        from ..store.memory import MemoryStore
+
+        location = str(self.reg.location)
+        if not isinstance(self.reg.store, MemoryStore) or not os.path.isabs(location):
+            return False
+        from .._open import REGISTRY_MARKERS
+
+        try:
+            if not set(os.listdir(location)) & set(REGISTRY_MARKERS):
+                return False
+        except OSError:  # not there yet
+            return False
+        from ..api import Registry
+
+        self.reg = Registry(location, create=False)
+        self.cursor = max(0, self.reg.stats().seq - HISTORY)
+        return True
 
     def _event(self, e: dict[str, Any]) -> None:
         kind, task = str(e.get("type")), e.get("task")
@@ -198,12 +233,15 @@ class Watcher:
     def _held(self) -> None:
         labels = {t.task.task: t.task.labels for t in self.reg.tasks()}
         self.model.labels = labels
-        self.model.held = [
-            Held(c.task, c.owner, c.phase, c.claimed_at, c.expires_at, c.ttl,
-                 c.state == "expired" or (c.expires_at is not None
-                                          and c.expires_at <= time.time()),
-                 labels.get(c.task, ()), tuple(sorted(self.refused.get(c.task, {}))))
-            for c in self.reg.claims(include_expired=True)]
+        now = self.now()
+        held = []
+        for c in self.reg.claims(include_expired=True):
+            left = lease_left(c.expires_at, c.boot_deadline, c.deadline_boot, now)
+            held.append(Held(c.task, c.owner, c.phase, c.claimed_at, c.expires_at, c.ttl,
+                             c.state == "expired" or (left is not None and left <= 0),
+                             labels.get(c.task, ()), tuple(sorted(self.refused.get(c.task, {}))),
+                             c.boot_deadline, c.deadline_boot))
+        self.model.held = held
 
 
 def document(reg: Registry, location: str) -> dict[str, Any]:
@@ -220,7 +258,7 @@ def document(reg: Registry, location: str) -> dict[str, Any]:
                         "text": text} for ts, kind, owner, task, text in m.recent]}
 
 
-def snapshot(watcher: Watcher, now: float, write: Callable[[str], Any], width: int,
+def snapshot(watcher: Watcher, now: Now | float, write: Callable[[str], Any], width: int,
              colour: bool) -> None:
     """The plain-text fallback: one snapshot, no cursor movement."""
     watcher.poll()
@@ -243,7 +281,7 @@ def run(reg: Registry, location: str, *, owner: str | None = None, label: str | 
 
     size = _size(out_fd)
     if once or not os.isatty(out_fd) or not os.isatty(in_fd):
-        snapshot(watcher, time.time(), write, size[0], colour)
+        snapshot(watcher, watcher.now(), write, size[0], colour)
         return 0
     return _live(watcher, in_fd, out_fd, write, interval, colour)
 
@@ -270,13 +308,13 @@ def _live(watcher: Watcher, in_fd: int, out_fd: int, write: Callable[[str], None
         dirty = True
         while True:
             dirty = watcher.poll() or dirty
-            now = time.time()
-            if dirty or now - last_draw >= 1.0:
+            now = watcher.now()
+            if dirty or now.wall - last_draw >= 1.0:
                 cols, rows = _size(out_fd)
                 lines = render(watcher.model, now, width=cols, height=rows, colour=colour)
                 write("\x1b[H" + "".join(line + "\x1b[K\r\n" for line in lines[:rows - 1])
                       + "\x1b[J")
-                last_draw, dirty = now, False
+                last_draw, dirty = now.wall, False
             ready, _, _ = select.select([in_fd], [], [], interval)
             if ready:
                 key = os.read(in_fd, 32).decode("utf-8", "replace")

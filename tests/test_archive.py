@@ -26,7 +26,7 @@ pytestmark = pytest.mark.unit
 
 
 def _build(d: Path, n: int = 200) -> None:
-    reg = fleetclaims.Registry(d)
+    reg = fleetclaims.Registry(d, durability="process")
     for i in range(n):
         c = reg.claim(f"t{i % 40}", owner=f"a{i % 3}", ttl=60)
         if c.token:
@@ -53,6 +53,7 @@ def all_seqs(d: Path, archived: Path) -> list[int]:
     return sorted(seqs)
 
 
+@pytest.mark.slow
 def test_archive_moves_old_segments_and_verify_goes_on_from_the_anchor(
         tmp_path: Path, small: None) -> None:
     d, out = tmp_path / "r", tmp_path / "cold"
@@ -111,6 +112,7 @@ def test_cli_archive_and_a_mismatching_archive(tmp_path: Path) -> None:
     assert _cli(d, "audit", "verify").returncode == EXIT_OK  # the registry itself is fine
 
 
+@pytest.mark.slow
 def test_an_archive_dir_that_is_not_the_anchors_is_refused(tmp_path: Path, small: None) -> None:
     d, e, out = tmp_path / "r", tmp_path / "other", tmp_path / "cold"
     _build(d)

@@ -48,15 +48,18 @@ def _work(reg: fleetclaims.Registry, n: int, prefix: str = "t") -> None:
             reg.release(c.task, token=c.token)
 
 
-@pytest.fixture
-def small(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(params=["inline", "prefetch"])
+def small(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """Small segments and blocks; each test twice: segments read inline, and decompressed
+    ahead by the helper thread (errors handed over to the reader)."""
     monkeypatch.setattr(segments, "SEGMENT_BYTES", 16_000)
     monkeypatch.setattr(segments, "BLOCK", 2_000)
+    monkeypatch.setattr(segments, "PREFETCH_MIN", 1 << 40 if request.param == "inline" else 0)
 
 
 def test_the_journal_rotates_and_reads_across_segments(tmp_path: Path, small: None) -> None:
     d = tmp_path / "r"
-    reg = fleetclaims.Registry(d)
+    reg = fleetclaims.Registry(d, durability="process")
     _work(reg, 200)
     report = reg.verify()
     reg.close()
@@ -88,7 +91,7 @@ def test_the_journal_rotates_and_reads_across_segments(tmp_path: Path, small: No
 
 def test_a_missing_or_damaged_index_is_not_needed(tmp_path: Path, small: None) -> None:
     d = tmp_path / "r"
-    reg = fleetclaims.Registry(d)
+    reg = fleetclaims.Registry(d, durability="process")
     _work(reg, 120)
     full = [e for e in reg.store.iter_events(0) if e.get("task") == "t5"]
     sealed = segments.sealed(d)
@@ -105,7 +108,7 @@ def _files(d: Path) -> dict[str, bytes]:
 
 def test_a_segment_missing_from_the_middle_is_named(tmp_path: Path, small: None) -> None:
     d = tmp_path / "r"
-    reg = fleetclaims.Registry(d)
+    reg = fleetclaims.Registry(d, durability="process")
     _work(reg, 200)
     reg.close()
     middle = segments.sealed(d)[1]
@@ -133,7 +136,7 @@ def test_a_segment_missing_from_the_middle_is_named(tmp_path: Path, small: None)
 def test_a_segment_that_fails_to_decompress_is_named(tmp_path: Path, small: None,
                                                      damage: str) -> None:
     d = tmp_path / "r"
-    reg = fleetclaims.Registry(d)
+    reg = fleetclaims.Registry(d, durability="process")
     _work(reg, 200)
     reg.close()
     seg = segments.sealed(d)[1]
@@ -208,7 +211,7 @@ def test_writer_killed_during_a_rotation(tmp_path: Path, point: str, nth: int) -
 def test_zcat_and_cat_show_one_chain(tmp_path: Path, small: None) -> None:
     """What the README says a person can do: zcat the segments, cat the active journal."""
     d = tmp_path / "r"
-    reg = fleetclaims.Registry(d)
+    reg = fleetclaims.Registry(d, durability="process")
     _work(reg, 100)
     reg.close()
     proc = run_python(

@@ -205,19 +205,21 @@ class JournalReader:
             if seg.last <= seq:
                 continue
             try:
-                for line in segments.read_lines(seg):
-                    seq += 1
-                    try:
-                        if mode == _EVENTS:
-                            item: Any = check_event(line, seq, prev)
-                            prev = item["hash"]
-                        else:
-                            item = prev = check_link(line, seq, prev)
-                    except (ChainError, orjson.JSONDecodeError) as exc:
-                        self.damage = Damage(seq, 0, f"{seg.path.name}: {exc}", str(seg.path))
-                        return
-                    self.seq, self.prev = seq, prev
-                    yield 0, line, item
+                for lines in segments.read_blocks(seg):
+                    for line in lines:
+                        seq += 1
+                        try:
+                            if mode == _EVENTS:
+                                item: Any = check_event(line, seq, prev)
+                                prev = item["hash"]
+                            else:
+                                item = prev = check_link(line, seq, prev)
+                        except (ChainError, orjson.JSONDecodeError) as exc:
+                            self.damage = Damage(seq, 0, f"{seg.path.name}: {exc}",
+                                                 str(seg.path))
+                            return
+                        self.seq, self.prev = seq, prev
+                        yield 0, line, item
             except segments.SegmentError as exc:
                 self.damage = Damage(seq + 1, 0, f"{seg.path.name}: {exc.reason}; keep the "
                                      "file as it is (copy it aside) and restore it from a "

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import re
+import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ from .journal import seq_of, write_at
 
 SEGMENT_BYTES = 64 << 20  # rotate the active journal past this size (tests patch it small)
 BLOCK = 256 << 10  # raw bytes of whole lines per gzip member (the index's unit)
+PREFETCH_MIN = 1 << 20  # a sealed file this large is decompressed ahead by a helper thread
 DIRNAME = "segments"
 _NAME = re.compile(r"^audit-(\d{12})-(\d{12})\.jsonl\.gz$")
 _TASK = re.compile(rb'"task":("(?:[^"\\]|\\.)*")')
@@ -101,6 +104,52 @@ def gap(segments: list[Segment], start: int = 1) -> tuple[int, int] | None:
 def read_lines(seg: Segment) -> Iterator[bytes]:
     """The lines (without newline) of a sealed segment; SegmentError when it cannot be
     decompressed or is cut short."""
+    for lines in read_blocks(seg):
+        yield from lines
+
+
+def read_blocks(seg: Segment) -> Iterator[list[bytes]]:
+    """``read_lines`` a list of lines at a time (no generator resumption per line: verify and
+    replay read every line of every segment). A large segment is decompressed by a helper
+    thread a few blocks ahead (zlib releases the GIL), overlapping the caller's hashing."""
+    try:
+        size = seg.path.stat().st_size
+    except FileNotFoundError:
+        size = 0
+    if size < PREFETCH_MIN:
+        yield from _blocks(seg)
+        return
+    ahead: queue.Queue[Any] = queue.Queue(maxsize=8)
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            for block in _blocks(seg):
+                while not stop.is_set():
+                    try:
+                        ahead.put(block, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ahead.put(None)
+        except BaseException as exc:  # handed to the reader, raised there
+            ahead.put(exc)
+
+    worker = threading.Thread(target=work, name="fleetclaims-segment-read", daemon=True)
+    worker.start()
+    try:
+        while (item := ahead.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
+
+def _blocks(seg: Segment) -> Iterator[list[bytes]]:
     try:
         fd = os.open(seg.path, os.O_RDONLY)
     except FileNotFoundError:
@@ -131,7 +180,7 @@ def read_lines(seg: Segment) -> Iterator[bytes]:
                 pending += data
                 cut = pending.rfind(b"\n") + 1
                 if cut:
-                    yield from pending[: cut - 1].split(b"\n")
+                    yield pending[: cut - 1].split(b"\n")
                     pending = pending[cut:]
         if pending or started:
             raise SegmentError(seg.path, seg.first, "the gzip file is cut short")

@@ -106,3 +106,16 @@ def test_no_setting_leaks_into_other_sessions(bouncer: PgBouncer, postgres_url: 
                                "current_setting('statement_timeout')").fetchone()
             assert row == ("on", "0", "0")
     reg.close()
+
+
+def test_nothing_is_prepared_through_the_pooler(bouncer: PgBouncer) -> None:
+    """Through PgBouncer (its cancel key is not the server process's pid) the store sends
+    plain statements: a prepared one would be missing from the next server connection."""
+    reg = Registry(bouncer.url("fleetclaims_test") + "?schema=b_" + uuid.uuid4().hex[:12])
+    c = reg.claim("t", owner="a")
+    store = reg.store
+    assert store._q is store.sql  # type: ignore[attr-defined]
+    assert store.query("SELECT count(*) FROM pg_prepared_statements "  # type: ignore[attr-defined]
+                       "WHERE left(name, 3) = 'fc_'") == [(0,)]
+    reg.release("t", token=c.token or "")
+    reg.close()

@@ -42,10 +42,12 @@ def claim_object(where: str, task: str, data: str) -> dict[str, Any]:
 
 
 def claim_row(table: ClaimView, task: str) -> tuple[Any, ...]:
+    """The claims table's row: indexed columns and the claim's JSON in the compact form the
+    file store's snapshot uses (members at their defaults left out; read back the same)."""
     claim = table.get(task)
     assert claim is not None
     return (task, claim.owner, claim.state, claim.fence, claim.expires_at, claim.seq,
-            orjson.dumps(claim.to_dict()).decode())
+            orjson.dumps(claim.to_dict(compact=True)).decode())
 
 
 def task_rows(tasks: PgTaskView) -> list[tuple[Any, ...]]:

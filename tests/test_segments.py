@@ -20,8 +20,8 @@ import pytest
 from fc_support import claims_view, replay, run_python
 
 import fleetclaims
-from fleetclaims.core.errors import AuditCorrupt
-from fleetclaims.store.file import segments
+from fleetclaims.core.errors import AuditCorrupt, SegmentDamaged
+from fleetclaims.store.file import doctor, segments
 from fleetclaims.store.file.faults import CRASH_POINTS
 
 pytestmark = pytest.mark.unit
@@ -127,6 +127,11 @@ def test_a_segment_missing_from_the_middle_is_named(tmp_path: Path, small: None)
     with pytest.raises(AuditCorrupt, match="missing"):
         fleetclaims.Registry(d).claim("x", owner="o", ttl=5)
     assert _files(d) == before  # nothing deleted or rewritten
+    found = doctor.check(d)
+    assert [f.kind for f in found.findings] == ["segment_damaged"], found.findings
+    with pytest.raises(SegmentDamaged, match="does not rewrite sealed history"):
+        doctor.check(d, fix=True)  # (no salvage of audit.jsonl over a sealed segment's loss)
+    assert _files(d) == before
     moved.rename(middle.path)  # put back: all is well again
     assert fleetclaims.Registry(d).verify().ok
     reg.close()
@@ -164,7 +169,7 @@ def test_a_segment_that_fails_to_decompress_is_named(tmp_path: Path, small: None
 CHILD = r"""
 import json, sys
 import fleetclaims
-from fleetclaims.store.file import segments
+from fleetclaims.store.file import doctor, segments
 segments.SEGMENT_BYTES = 6000
 segments.BLOCK = 1000
 reg = fleetclaims.Registry(sys.argv[1])

@@ -145,7 +145,8 @@ DOCUMENTED_EXIT = {
     "ValidationError": 2, "DependencyCycle": 2,
     "ClaimConflict": 3, "PathConflict": 3, "TaskCompleted": 3, "TaskNotReady": 3,
     "NotHolder": 4, "LeaseExpired": 4, "ClaimSuperseded": 4,
-    "RegistryCorrupt": 5, "AuditCorrupt": 5, "HistoryLost": 5,
+    "RegistryCorrupt": 5, "AuditCorrupt": 5, "HistoryLost": 5, "SegmentDamaged": 5,
+    "ArchiveMismatch": 5,
     "RemoteUnavailable": 1, "RemoteRewritten": 5, "GitFailed": 1,
 }
 

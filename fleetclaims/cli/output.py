@@ -51,6 +51,7 @@ EXIT_CODES: dict[str, int] = {
     "stale": EXIT_NOT_HOLDER,        # guard: the run's claim may be taken over
     "corrupt": EXIT_DAMAGED,         # repair with `doctor --fix`
     "audit_corrupt": EXIT_DAMAGED,
+    "segment_damaged": EXIT_DAMAGED,  # a sealed segment missing or damaged: restore it
     "archive_mismatch": EXIT_DAMAGED,  # audit verify --with DIR: the archive is not the anchor's
     "history_lost": EXIT_DAMAGED,    # the anchor outside the folder records more history
     "read_only": EXIT_ERROR,         # PostgreSQL: a standby or read-only database

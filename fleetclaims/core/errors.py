@@ -317,6 +317,22 @@ class AuditCorrupt(RegistryCorrupt):
         )
 
 
+class SegmentDamaged(AuditCorrupt):
+    """A sealed journal segment (segments/*.jsonl.gz) is missing, fails to decompress or breaks
+    the chain: restored from a backup or the archive, never rewritten."""
+
+    code = "segment_damaged"
+
+    def __init__(self, path: str, *, seq: int, offset: int, reason: str) -> None:
+        self.seq = seq
+        self.offset = offset
+        RegistryCorrupt.__init__(
+            self, path, f"audit journal broken at seq {seq}: {reason}",
+            hint="Nothing was written. Put the sealed segment back (from a backup or the "
+            "directory `audit archive` moved it to) and run `fleetclaims audit verify`; "
+            "`doctor --fix` does not rewrite sealed history.")
+
+
 class ArchiveMismatch(RegistryCorrupt):
     """Archived journal segments (``audit archive``) do not match the anchor recorded when they
     were moved out: a file missing, changed, or a chain that does not end at the anchor."""

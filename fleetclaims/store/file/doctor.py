@@ -26,7 +26,7 @@ from typing import Any
 from ...core.errors import FleetclaimsError, HistoryLost, RegistryCorrupt
 from ...core.ports import ClaimView
 from ...system import SystemClock
-from . import doctor_history, fsutil, reserialised
+from . import doctor_history, fsutil, reserialised, segments
 from .faults import crash_point
 from .lock import RegistryLock
 from .salvage import DOCTOR_TMP, JournalScan, recoverable, salvage, scan_journal
@@ -292,6 +292,12 @@ def _check_journal(path: Path, journal: JournalScan, snapshot: Snapshot | None,
             return True
         return False
     salvage = False
+    if journal.break_seq is not None and segments.before_active(path, journal.break_seq):
+        report.add("segment_damaged", f"{journal.break_reason} (seq {journal.break_seq}): a "
+                   "sealed journal segment is missing or damaged; --fix does not rewrite sealed "
+                   "history: put the segment back from a backup or the archive directory",
+                   seq=journal.break_seq)
+        return False
     if journal.break_seq is not None:
         lost = journal.data_end - journal.good_end
         report.add("journal_corrupt", f"the journal is broken at seq {journal.break_seq}, byte "

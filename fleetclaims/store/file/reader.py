@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from ...core.chain import ChainError, check_seal
-from ...core.errors import ArchiveMismatch, AuditCorrupt
+from ...core.errors import ArchiveMismatch, AuditCorrupt, SegmentDamaged
 from ...core.model import GENESIS
 from ..base import VerifyReport
 from . import archive, segments
@@ -274,8 +274,9 @@ class JournalReader:
         """The error naming ``damage`` (by default the damage found)."""
         damage = damage or self.damage
         assert damage is not None
-        return AuditCorrupt(damage.path or self.path, seq=damage.seq, offset=damage.offset,
-                            reason=damage.reason)
+        kind = SegmentDamaged if damage.path else AuditCorrupt
+        return kind(damage.path or self.path, seq=damage.seq, offset=damage.offset,
+                    reason=damage.reason)
 
 
 def iter_lines(
@@ -398,8 +399,8 @@ def task_lines(fd: int, path: str, task: str, end: int) -> Iterator[dict[str, An
                 for _, line in segments.task_lines(seg, task):
                     yield from _task_event(line, task, str(seg.path), 0)
             except segments.SegmentError as exc:
-                raise AuditCorrupt(str(seg.path), seq=exc.seq, offset=0,
-                                   reason=exc.reason) from None
+                raise SegmentDamaged(str(seg.path), seq=exc.seq, offset=0,
+                                     reason=exc.reason) from None
         skip = sealed[-1].last if sealed else 0  # (lines sealed by a rotation cut short)
         pos = 0
         while pos < end:

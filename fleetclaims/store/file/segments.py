@@ -305,3 +305,19 @@ def last_link(seg: Segment) -> tuple[int, str]:
     except ChainError as exc:
         raise SegmentError(seg.path, seg.last, f"last line does not verify: {exc}") from None
     return seq_of(last) or 0, digest
+
+
+def before_active(directory: Path, seq: int) -> bool:
+    """Whether event ``seq`` lies before the active journal (in a sealed or archived segment):
+    damage there is repaired by restoring the file, never by rewriting audit.jsonl (doctor)."""
+    sealed_ = sealed(directory)
+    if not sealed_ and not (directory / DIRNAME / "archived.json").exists():
+        return False
+    try:
+        with open(directory / "audit.jsonl", "rb") as f:
+            first = seq_of(f.read(64))
+    except FileNotFoundError:
+        first = None
+    if first is None:  # an empty active journal: it starts after the sealed ones
+        return True
+    return seq < first

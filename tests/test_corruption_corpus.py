@@ -253,9 +253,29 @@ def _(d: Path, b: Base) -> bytes:
     return _reseal_snapshot(d, lambda body: body.replace(b'"seq":8', b'"seq":"8"', 1))
 
 
+def _relength(body: bytes) -> bytes:
+    """A format-3 body with its header's section lengths made true again (what a forger who
+    knows the format does after editing a claim line)."""
+    head_end = body.index(b"\n")
+    live = body.index(b'"claims":{\n') + len(b'"claims":{\n')
+    live_end = body.index(b'\n},\n"ended":{\n', live)
+    ended = live_end + len(b'\n},\n"ended":{\n')
+    ended_end = body.rindex(b"\n}")
+    header = re.sub(rb'"bytes":\{[^}]*\}', b'"bytes":{"claims":%d,"ended":%d}'
+                    % (live_end - live, ended_end - ended), body[:head_end])
+    return header + body[head_end:]
+
+
 @case("snapshot-claim-wrong-types-resealed", "lazy", "task-0")
 def _(d: Path, b: Base) -> bytes:
-    return _reseal_snapshot(d, lambda body: body.replace(b'"fence":1,', b'"fence":"one",', 1))
+    return _reseal_snapshot(d, lambda body: _relength(
+        body.replace(b'"fence":1,', b'"fence":"one",', 1)))
+
+
+@case("snapshot-claim-line-resized-resealed", "exact")
+def _(d: Path, b: Base) -> bytes:
+    # A claim line edited without the header's section lengths: the frame is refused at load.
+    return _reseal_snapshot(d, lambda body: body.replace(b'"fence":1,', b'"fence":1 ,', 1))
 
 
 @case("snapshot-duplicate-keys-resealed", "exact")

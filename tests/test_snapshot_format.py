@@ -1,5 +1,6 @@
-"""The snapshot's format 2 (packed claim entries, an identity table) holds exactly what format 1
-held, and registries whose snapshot an earlier version wrote in format 1 still load."""
+"""The snapshot's format 3 (packed claim entries a line, sorted, in a live and an ended section,
+an identity table) holds exactly what format 1 held, and registries whose snapshot an earlier
+version wrote in format 1 or 2 still load."""
 
 from __future__ import annotations
 
@@ -32,6 +33,21 @@ def encode_format_1(state: State, offset: int) -> bytes:
     body = orjson.dumps({"format": 1, "seq": state.seq, "offset": offset, "head": state.head,
                          "origin": state.origin, "fence": state.fence,
                          "claims": dict(state.claims.raw_items())})
+    digest = hashlib.sha256(body).hexdigest()
+    return body[:-1] + b',"checksum":"' + digest.encode() + b'"}\n'
+
+
+def encode_format_2(state: State, offset: int) -> bytes:
+    """The snapshot as the previous version wrote it (format 2: one object, packed entries;
+    identities left inline, which format 2 also reads)."""
+    claims = {}
+    for task, entry in state.claims.raw_items():
+        packed = dict(entry)
+        del packed["task"]
+        claims[task] = packed
+    body = orjson.dumps({"format": 2, "seq": state.seq, "offset": offset, "head": state.head,
+                         "origin": state.origin, "fence": state.fence, "identities": [],
+                         "claims": claims})
     digest = hashlib.sha256(body).hexdigest()
     return body[:-1] + b',"checksum":"' + digest.encode() + b'"}\n'
 
@@ -73,7 +89,7 @@ def test_packed_snapshot_holds_exactly_what_the_journal_says(tmp_path: Path) -> 
     file_store(reg).checkpoint()
     data = (tmp_path / "r" / "claims.json").read_bytes()
     snap = decode_snapshot(data)
-    assert orjson.loads(data)["format"] == 2
+    assert orjson.loads(data)["format"] == 3
     lines, _ = journal_lines(tmp_path / "r")
     expected = replay(lines)
     # Raw (unconverted) entries read back as the persisted dicts of the claims...
@@ -155,7 +171,7 @@ def test_format_1_snapshot_of_an_earlier_version_still_loads(
     again = Registry(tmp_path / "r", clock=clock, prober=prober)
     file_store(again).checkpoint()
     rewritten = orjson.loads(snap_path.read_bytes())
-    assert rewritten["format"] == 2  # format 2 again, with the packed original's content
+    assert rewritten["format"] == 3  # format 3 again, with the packed original's content
     assert {k: v for k, v in rewritten.items() if k != "checksum"} == {
         k: v for k, v in orjson.loads(packed).items() if k != "checksum"}
 
@@ -198,27 +214,47 @@ def test_identity_number_out_of_range_stays_damage() -> None:
 
 
 def test_large_snapshot_checksum_and_parse_errors(tmp_path: Path) -> None:
-    """Snapshots above 1 MiB are hashed on a second thread while they are parsed: they must be
-    checked just as strictly (a flipped byte, a checksum over invalid JSON)."""
+    """Every byte of a snapshot is under its checksum (a flipped byte is refused); format 2
+    snapshots above 1 MiB are hashed on a second thread while they are parsed and are checked
+    just as strictly; format 3 parses its frame at load and each line at use, so invalid JSON
+    under a forged checksum is refused at load in the frame and, in a line, at the first use
+    of that claim and by doctor's check of every entry."""
+    from fleetclaims.core.errors import RegistryCorrupt
     from fleetclaims.store.file import snapshot
 
     state = State()
     for i in range(4000):
         state.claims[f"task-{i:05d}"] = _claim(i)
     data = encode_snapshot(state, 0)
-    assert len(data) > snapshot._PARALLEL_HASH_MIN
     assert len(decode_snapshot(data).state.claims) == 4000
     middle = len(data) // 2
     flipped = data[:middle] + bytes([data[middle] ^ 0x01]) + data[middle + 1:]
     with pytest.raises(SnapshotError, match="checksum"):
         decode_snapshot(flipped)
-    # Invalid JSON under a correct checksum: refused as invalid JSON.
-    body = data[: data.rindex(b',"checksum":"')] + b"}"
-    broken = body[:middle] + b"\x00" + body[middle + 1 :]
-    digest = hashlib.sha256(broken).hexdigest()
-    forged = broken[:-1] + b',"checksum":"' + digest.encode() + b'"}\n'
+
+    def forge(doc: bytes, at: int) -> bytes:
+        body = doc[: doc.rindex(b',"checksum":"')] + b"}"
+        broken = body[:at] + b"\x00" + body[at + 1 :]
+        digest = hashlib.sha256(broken).hexdigest()
+        return broken[:-1] + b',"checksum":"' + digest.encode() + b'"}\n'
+
+    old = encode_format_2(State(SnapshotClaims(dict(decode_snapshot(data).state.claims
+                                                    .raw_items()))), 0)
+    assert len(old) > snapshot._PARALLEL_HASH_MIN
+    assert len(decode_snapshot(old).state.claims) == 4000
+    with pytest.raises(SnapshotError, match="checksum"):
+        decode_snapshot(old[:middle] + bytes([old[middle] ^ 0x01]) + old[middle + 1:])
     with pytest.raises(SnapshotError, match="not valid JSON"):
-        decode_snapshot(forged)
+        decode_snapshot(forge(old, len(old) // 2))
+    with pytest.raises(SnapshotError, match="not valid JSON"):
+        decode_snapshot(forge(data, 20))  # in the header
+    damaged = decode_snapshot(forge(data, middle)).state.claims
+    task = data[data.rindex(b"\n", 0, middle) + 1 :].split(b'"')[1].decode()
+    with pytest.raises(RegistryCorrupt, match=task):
+        damaged.get(task)
+    with pytest.raises(RegistryCorrupt):
+        list(snapshot.claim_records(damaged))
+    assert damaged.get("task-00000") is not None  # the other entries stay readable
 
 
 def _claim(i: int) -> Any:
@@ -239,7 +275,7 @@ def test_large_snapshot_loads_when_no_thread_can_start(monkeypatch: pytest.Monke
     state = State()
     for i in range(4000):
         state.claims[f"task-{i:05d}"] = _claim(i)
-    data = encode_snapshot(state, 0)
+    data = encode_format_2(state, 0)
     monkeypatch.setattr(threading.Thread, "start", refuse)
     assert len(decode_snapshot(data).state.claims) == 4000
     with pytest.raises(SnapshotError, match="checksum"):

@@ -20,20 +20,30 @@ from typing import Any
 
 import orjson
 
-from ...core.errors import FleetclaimsError, RegistryCorrupt, UnsafeRegistry
-from ...core.model import DEFAULT_PHASE, LISTING_BASE, Claim
+from ...core.errors import FleetclaimsError, UnsafeRegistry
+from ...core.model import Claim
 from ...core.ports import ClaimView
 from ...core.state import ClaimTable, State, TaskTable
 from ...system import pid_exists
 from . import fsutil
 from .faults import crash_point, osc
 from .journal import line_before
+from .snapshot_table import Packer, SnapshotClaims, encode_all, encode_sections
 
-SNAPSHOT_FORMAT = 2  # 1 (still read): claims as persisted dicts; 2: packed (_Packer)
+__all__ = ["Snapshot", "SnapshotClaims", "SnapshotError", "claim_records", "decode_snapshot",
+           "encode_snapshot", "read_snapshot", "write_snapshot"]
+
+SNAPSHOT_FORMAT = 3  # 1, 2 (still read): one JSON object; 3: a claim a line (snapshot_table)
 TMP_PREFIX = "claims.json.tmp-"
 _CHECKSUM_MARK = b',"checksum":"'
 _CHECKSUM_SUFFIX = len(_CHECKSUM_MARK) + 64 + 2
 _PARALLEL_HASH_MIN = 1 << 20  # below this, starting a thread costs more than it saves
+# The frame of format 3 around its two sections of lines (see snapshot_table.py).
+_CLAIMS_OPEN = b',\n"claims":{\n'
+_ENDED_OPEN = b'\n},\n"ended":{\n'
+_SECTION_CLOSE = b"\n}"
+_TASKS_OPEN = b',\n"tasks":'
+
 
 @dataclass
 class Snapshot:
@@ -47,136 +57,49 @@ class SnapshotError(ValueError):
 
 
 def encode_snapshot(state: State, offset: int) -> bytes:
-    packer = _Packer()
+    """The snapshot of ``state`` at journal ``offset`` (format 3). Lines of a loaded snapshot
+    that nothing changed are copied, not re-encoded; afterwards the state's claim table holds
+    the bytes written (same content), so what changed since leaves memory."""
     table = state.claims
-    if isinstance(table, SnapshotClaims):
-        # Entries nobody touched since the load are written back as they were read (their
-        # identity numbers stay valid: the loaded identity table comes first in the new one),
-        # so a checkpoint costs no per-claim Python work for them.
-        packer.adopt(table._identities)
-        claims = {}
-        for task, entry in table._raw.items():
-            claims[task] = (packer.pack(task, entry) if "task" in entry
-                            else packer.keep(task, entry))
-        for task, claim in table._claims.items():
-            claims[task] = packer.pack(task, claim.to_dict(compact=True))
-    else:
-        claims = {task: packer.pack(task, entry) for task, entry in table.raw_items()}
-    identities = packer.finish(claims)
-    doc: dict[str, object] = {
-        "format": SNAPSHOT_FORMAT,
-        "seq": state.seq,
-        "offset": offset,
-        "head": state.head,
-        "origin": state.origin,
-        "fence": state.fence,
-        "identities": identities,
-        "claims": claims,
-    }
+    packer = Packer()
+    sections = None
+    if isinstance(table, SnapshotClaims) and table.incremental():
+        base = len(table._identities)
+        if all(-1 <= n < base for n in table.refs()):  # (else damage to neutralise: below)
+            sections = encode_sections(table, packer)
+            refs = sections[2]
+            if any(refs[i] <= 0 for i in range(len(packer.identities))):
+                sections = None  # an identity no claim names any more: renumber them all
+    if sections is None:
+        packer = Packer()
+        sections = encode_all(table if isinstance(table, ClaimTable)
+                              else ClaimTable(dict(table.raw_items())), packer)
+    live, ended, refs = sections
+    header = orjson.dumps({"format": SNAPSHOT_FORMAT, "seq": state.seq, "offset": offset,
+                           "head": state.head, "origin": state.origin, "fence": state.fence,
+                           "identities": packer.identities,
+                           "bytes": {"claims": len(live), "ended": len(ended)}})
+    tail = _SECTION_CLOSE
     if len(state.tasks):  # the work queue; absent from registries that never used it
-        doc["tasks"] = dict(state.tasks.raw_items())
-    body = orjson.dumps(doc)
-    digest = hashlib.sha256(body).hexdigest()
-    return body[:-1] + _CHECKSUM_MARK + digest.encode() + b'"}\n'
-
-
-# Format 2 stores each claim as its persisted dict (Claim.to_dict(compact=True), which format 1
-# stored as is) made leaner, because a cold command parses the whole snapshot: at 10,000 claims
-# format 1 was 6.4 MB, ~30 ms of orjson.loads and ~4 ms of checksum. A packed entry
-#   - has no "task" member (it is the entry's key);
-#   - leaves out state "active", priority 100, and renewed_at when it equals claimed_at (the
-#     values of almost every live claim); the phase stays, so that `jq .claims claims.json`
-#     shows a person owner, phase, expiry and fence of every claim (#15);
-#   - names its owner process identity by its index in the snapshot's "identities" list: the
-#     identities of the processes that made the claims, usually a handful for any number of
-#     claims.
-# _unpack restores the format-1 dict exactly (member order aside).
-_PACK_DEFAULTS: dict[str, Any] = {"state": "active", "priority": 100}
-
-
-class _Packer:
-    def __init__(self) -> None:
-        self.identities: list[Any] = []
-        self._index: dict[bytes, int] = {}
-        self._adopted = 0
-
-    def adopt(self, identities: list[Any]) -> None:
-        for ident in identities:
-            self._index.setdefault(orjson.dumps(ident), len(self.identities))
-            self.identities.append(ident)
-        self._adopted = len(self.identities)
-
-    def keep(self, task: str, entry: dict[str, Any]) -> dict[str, Any]:
-        """A packed entry as loaded, whose identity number refers to the adopted table."""
-        at = entry.get("identity")
-        if isinstance(at, dict):  # not packed after all (a hand-made file): pack it properly
-            return self.pack(task, _unpack(task, entry, []))
-        if type(at) is int and not 0 <= at < self._adopted:
-            # Damaged: keep it unusable (-1 is never an index), so that new identities appended
-            # to the table can never make it name a process it did not name.
-            return {**entry, "identity": -1}
-        return entry
-
-    def pack(self, task: str, entry: dict[str, Any]) -> dict[str, Any]:
-        packed = dict(entry)  # (a copy, then a few deletions: a checkpoint packs every
-        packed.pop("task", None)  # claim changed since the load)
-        for name, default in _PACK_DEFAULTS.items():
-            if name in packed and _same(packed[name], default):
-                del packed[name]
-        renewed = packed.get("renewed_at")
-        if renewed is not None and _same(renewed, packed.get("claimed_at")):
-            del packed["renewed_at"]
-        ident = packed.get("identity")
-        if ident is not None:
-            key = orjson.dumps(ident)
-            at = self._index.get(key)
-            if at is None:
-                at = self._index[key] = len(self.identities)
-                self.identities.append(ident)
-            packed["identity"] = at
-        return packed
-
-    def finish(self, claims: dict[str, dict[str, Any]]) -> list[Any]:
-        """The identity table to write: adopted identities no claim names any more are dropped
-        (a registry used by many short-lived processes would otherwise keep all of them)."""
-        if not self._adopted:
-            return self.identities
-        used = {at for e in claims.values() if type(at := e.get("identity")) is int}
-        if all(i in used for i in range(self._adopted)):
-            return self.identities
-        remap = {old: new for new, old in enumerate(i for i in range(len(self.identities))
-                                                    if i in used)}
-        for task, entry in claims.items():
-            at = entry.get("identity")
-            if type(at) is int and remap.get(at, at) != at:
-                claims[task] = {**entry, "identity": remap[at]}  # never edit a loaded entry
-        return [self.identities[i] for i in sorted(remap)]
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal and of one type (1 == 1.0 == True in Python; a packed file must not blur them)."""
-    return type(a) is type(b) and a == b
-
-
-# (phase: snapshots written before #15 leave out "working")
-_UNPACK_BASE: dict[str, Any] = {"task": None, "phase": DEFAULT_PHASE, **_PACK_DEFAULTS}
-_PACKED_LISTING_BASE = {**_UNPACK_BASE, **LISTING_BASE}
-
-
-def _unpack(task: str, entry: dict[str, Any], identities: list[Any],
-            base: dict[str, Any] = _UNPACK_BASE) -> dict[str, Any]:
-    """A format-2 entry as its format-1 (persisted) dict, with ``base``'s members under it.
-    Never raises: a damaged entry stays damaged (e.g. an identity number out of range) for
-    Claim.from_dict to report."""
-    full = base.copy()  # (quicker than a {**base, **entry} display; "task" leads base)
-    full.update(entry)
-    full["task"] = task
-    if "renewed_at" not in entry and "claimed_at" in entry:
-        full["renewed_at"] = entry["claimed_at"]
-    at = entry.get("identity")
-    if type(at) is int and 0 <= at < len(identities):
-        full["identity"] = identities[at]
-    return full
+        tail += _TASKS_OPEN + orjson.dumps(dict(state.tasks.raw_items()))
+    pieces = [header[:-1], _CLAIMS_OPEN, live, _ENDED_OPEN, ended, tail]
+    digest = hashlib.sha256()
+    for piece in pieces:
+        digest.update(piece)
+    digest.update(b"}")
+    data = b"".join([*pieces, _CHECKSUM_MARK, digest.hexdigest().encode(), b'"}\n'])
+    at = len(header) - 1 + len(_CLAIMS_OPEN)
+    live_at = (at, at + len(live))
+    at = live_at[1] + len(_ENDED_OPEN)
+    ended_at = (at, at + len(ended))
+    if isinstance(table, SnapshotClaims):
+        table.rebase(data, live_at, ended_at, packer.identities, refs)
+    elif isinstance(table, ClaimTable):
+        fresh = SnapshotClaims()
+        fresh._claims = dict(table.loaded())
+        fresh.rebase(data, live_at, ended_at, packer.identities, refs)
+        state.claims = fresh
+    return data
 
 
 def decode_snapshot(data: bytes) -> Snapshot:
@@ -189,13 +112,32 @@ def decode_snapshot(data: bytes) -> Snapshot:
     cut = end - _CHECKSUM_SUFFIX
     if data[cut : cut + len(_CHECKSUM_MARK)] != _CHECKSUM_MARK or data[end - 2 : end] != b'"}':
         raise SnapshotError("no checksum at the end (truncated or edited)")
-    # The checksum covers the body: the file up to the checksum member, with the object closed.
-    # hashlib releases the GIL over large inputs and orjson holds it, so a large snapshot is
-    # hashed on another thread while it is parsed (a cold command on 10,000 claims: ~3 ms).
     digest = hashlib.sha256()
     body = memoryview(data)[:cut]
+    obj: Any
+    if data.startswith(b'{"format":3,'):
+        digest.update(body)  # (only its header and frame are parsed: nothing to overlap)
+        obj = _frame(data, cut)
+    else:
+        obj = _parse_whole(data, body, digest)
+    digest.update(b"}")
+    if digest.hexdigest().encode() != data[cut + len(_CHECKSUM_MARK) : end - 2]:
+        raise SnapshotError("checksum does not match the contents")
+    if isinstance(obj, SnapshotError):
+        raise obj
+    if not isinstance(obj, dict) or obj.get("format") not in (1, 2, SNAPSHOT_FORMAT):
+        found = obj.get("format") if isinstance(obj, dict) else obj
+        raise SnapshotError(f"unknown format {found!r}")
+    return _checked(obj, data)
+
+
+def _parse_whole(data: bytes, body: memoryview, digest: Any) -> Any:
+    """Format 1/2: the whole file is the body plus one last member (the checksum), so it
+    parses to the body's object plus a "checksum" key nobody reads. hashlib releases the GIL
+    over large inputs and orjson holds it, so a large snapshot is hashed on another thread
+    while it is parsed."""
     hasher = None
-    if cut >= _PARALLEL_HASH_MIN:
+    if len(body) >= _PARALLEL_HASH_MIN:
         hasher = threading.Thread(target=digest.update, args=(body,), daemon=True)
         try:
             hasher.start()
@@ -204,25 +146,55 @@ def decode_snapshot(data: bytes) -> Snapshot:
     if hasher is None:
         digest.update(body)
     try:
-        # The whole file is the body plus one last member (the checksum, 64 hex digits), so
-        # it parses to the body's object plus a "checksum" key nobody reads.
-        obj = orjson.loads(data)
+        return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        obj = exc
+        return SnapshotError(f"not valid JSON: {exc}")
     finally:
         if hasher is not None:
             hasher.join()
-    digest.update(b"}")
-    if digest.hexdigest().encode() != data[cut + len(_CHECKSUM_MARK) : end - 2]:
-        raise SnapshotError("checksum does not match the contents")
-    if isinstance(obj, orjson.JSONDecodeError):
-        raise SnapshotError(f"not valid JSON: {obj}")
-    # Format 1 is what earlier versions wrote: still read, and rewritten as format 2 by the
-    # next checkpoint.
-    if not isinstance(obj, dict) or obj.get("format") not in (1, SNAPSHOT_FORMAT):
-        found = obj.get("format") if isinstance(obj, dict) else obj
-        raise SnapshotError(f"unknown format {found!r}")
-    packed = obj["format"] == SNAPSHOT_FORMAT
+
+
+def _frame(data: bytes, cut: int) -> dict[str, Any] | SnapshotError:
+    """The header of a format-3 snapshot, with its sections located ("_live", "_ended") and
+    its work queue parsed; the claim lines are not parsed (they are looked up in place)."""
+    nl = data.find(b"\n", 0, cut)
+    if nl < 1 or data[nl - 1 : nl] != b",":
+        return SnapshotError("format 3 without its header line")
+    try:
+        obj = orjson.loads(data[: nl - 1] + b"}")
+    except orjson.JSONDecodeError as exc:
+        return SnapshotError(f"not valid JSON: {exc}")
+    if not isinstance(obj, dict):
+        return SnapshotError("the header is not an object")
+    # The header gives the byte length of each section (no scan of the lines to find them).
+    sizes = obj.get("bytes")
+    live_len = sizes.get("claims") if isinstance(sizes, dict) else None
+    ended_len = sizes.get("ended") if isinstance(sizes, dict) else None
+    if type(live_len) is not int or type(ended_len) is not int or min(live_len, ended_len) < 0:
+        return SnapshotError("format 3 without the byte lengths of its sections")
+    start = nl - 1 + len(_CLAIMS_OPEN)
+    live_end = start + live_len
+    ended_start = live_end + len(_ENDED_OPEN)
+    ended_end = ended_start + ended_len
+    if (data[nl - 1 : start] != _CLAIMS_OPEN or data[live_end:ended_start] != _ENDED_OPEN
+            or data[ended_end : ended_end + len(_SECTION_CLOSE)] != _SECTION_CLOSE
+            or ended_end + len(_SECTION_CLOSE) > cut):
+        return SnapshotError("format 3 sections are not where its header says")
+    rest = data[ended_end + len(_SECTION_CLOSE) : cut]
+    obj["claims"], obj["_live"], obj["_ended"] = {}, (start, live_end), (ended_start, ended_end)
+    if rest:
+        if not rest.startswith(_TASKS_OPEN):
+            return SnapshotError("unexpected members after the claim sections")
+        try:
+            obj["tasks"] = orjson.loads(rest[len(_TASKS_OPEN) :])
+        except orjson.JSONDecodeError as exc:
+            return SnapshotError(f"not valid JSON: {exc}")
+    return obj
+
+
+def _checked(obj: dict[str, Any], data: bytes) -> Snapshot:
+    """The snapshot of a parsed (format 1/2) or framed (format 3) object, its members checked."""
+    packed = obj["format"] != 1
     seq, offset, fence = obj.get("seq"), obj.get("offset"), obj.get("fence")
     head, origin, claims = obj.get("head"), obj.get("origin"), obj.get("claims")
     for name, value in (("seq", seq), ("offset", offset), ("fence", fence)):
@@ -250,82 +222,16 @@ def decode_snapshot(data: bytes) -> Snapshot:
     for task, entry in tasks.items():
         if not isinstance(entry, dict) or entry.get("task") != task:
             raise SnapshotError(f"task entry {task!r} is malformed")
-    table = SnapshotClaims(claims)
-    table._identities = identities
+    if obj["format"] == SNAPSHOT_FORMAT:
+        if "_live" not in obj:
+            raise SnapshotError("format 3 that is not laid out a claim a line (reformatted?)")
+        table = SnapshotClaims.over(data, obj["_live"], obj["_ended"], identities)
+    else:
+        table = SnapshotClaims(claims)
+        table._identities = identities
     state = State(table, seq, fence, head, origin,  # type: ignore[arg-type]
                   TaskTable(tasks))
     return Snapshot(state, offset, len(data))  # type: ignore[arg-type]
-
-
-def _malformed(task: str, exc: Exception) -> RegistryCorrupt:
-    return RegistryCorrupt(
-        "claims.json", f"the snapshot's record of task {task!r} is malformed ({exc})",
-        hint="Run `fleetclaims doctor --fix`: it quarantines the snapshot and rebuilds it from "
-        "the journal.",
-    )
-
-
-class SnapshotClaims(ClaimTable):
-    """The claim table of a loaded snapshot. Entries are converted lazily (a cold start does not
-    build every claim), so a malformed entry in a snapshot whose checksum was forged surfaces at
-    first use: as RegistryCorrupt, never as a raw TypeError, and without losing the entry.
-
-    ``_raw`` holds entries as read: packed (format 2, no "task" member) or persisted dicts
-    (format 1); ``_identities`` is the identity table packed entries refer to."""
-
-    __slots__ = ("_identities",)
-
-    def __init__(self, raw: dict[str, Any] | None = None) -> None:
-        super().__init__(raw)
-        self._identities: list[Any] = []
-
-    def get(self, task: str) -> Claim | None:
-        raw = self._raw.get(task)
-        if raw is not None and "task" not in raw:
-            self._raw[task] = _unpack(task, raw, self._identities)
-        try:
-            return super().get(task)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            if raw is not None:
-                self._raw[task] = raw
-            raise _malformed(task, exc) from None
-
-    def converted(self) -> Iterator[tuple[str, Claim]]:
-        """(task, Claim) for every entry, each built afresh and not kept: a check of every
-        entry (doctor) need not hold the whole registry as objects. Raises RegistryCorrupt
-        for a malformed entry, as ``get`` does."""
-        for task, raw in self.raw_items():
-            try:
-                yield task, Claim.from_dict(raw)
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise _malformed(task, exc) from None
-
-    def raw_items(self) -> Iterator[tuple[str, Any]]:
-        identities = self._identities
-        for task, raw in self._raw.items():
-            yield task, raw if "task" in raw else _unpack(task, raw, identities)
-        for task, claim in self._claims.items():
-            yield task, claim.to_dict(compact=True)
-
-    def data_items(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        # One new dict per entry, unpacked straight onto the listing base (a cold `list
-        # --json` does this for every claim of the registry).
-        identities = self._identities
-        for task, raw in self._raw.items():
-            if "task" in raw:
-                yield task, {**LISTING_BASE, **raw}
-            else:
-                yield task, _unpack(task, raw, identities, _PACKED_LISTING_BASE)
-        for task, claim in self._claims.items():
-            yield task, claim.to_dict()
-
-    def copy(self) -> SnapshotClaims:
-        clone = SnapshotClaims()
-        clone._claims = dict(self._claims)
-        clone._raw = dict(self._raw)
-        clone._identities = self._identities
-        return clone
-
 
 
 def claim_records(table: ClaimView) -> Iterator[tuple[str, Claim]]:

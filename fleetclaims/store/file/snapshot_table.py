@@ -1,0 +1,488 @@
+"""The claim table of a loaded snapshot, and the packed form of its entries.
+
+Format 3 of ``claims.json`` writes one claim a line, live claims and ended ones in two sections,
+each sorted by the task's JSON-encoded name::
+
+    {"format":3,"seq":..,"offset":..,"head":..,"origin":..,"fence":..,"identities":[..],
+    "claims":{
+    "issue-42":{"owner":"agent-a","fence":1,"phase":"working","expires_at":..,..},
+    "issue-43":{..}
+    },
+    "ended":{
+    "issue-7":{"owner":"agent-b","fence":3,"state":"completed",..}
+    },"checksum":".."}
+
+(plain JSON: ``jq .claims`` shows who holds what). A process keeps the file's bytes and finds an
+entry by binary search over its lines, so loading 100,000 claims builds no object per claim,
+and only the entries a process touches become ``Claim`` objects. A checkpoint copies the runs
+of lines nobody changed and encodes only the changed entries (``encode_sections``); the table
+then re-bases on the bytes it wrote, so ended claims leave the hot state again.
+
+Format 2 (one JSON object, entries as dicts) is still read: its entries stay dicts until used.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from ...core.errors import RegistryCorrupt
+from ...core.model import DEFAULT_PHASE, LISTING_BASE, Claim
+from ...core.state import ClaimTable
+
+SEP = b",\n"
+# A packed entry leaves out its task (the key), state "active", priority 100, and renewed_at
+# when it equals claimed_at; it names its owner process by its index in "identities".
+_PACK_DEFAULTS: dict[str, Any] = {"state": "active", "priority": 100}
+# (phase: snapshots written before #15 leave out "working")
+_UNPACK_BASE: dict[str, Any] = {"task": None, "phase": DEFAULT_PHASE, **_PACK_DEFAULTS}
+_PACKED_LISTING_BASE = {**_UNPACK_BASE, **LISTING_BASE}
+_IDENTITY_REF = re.compile(rb'"identity":(-?\d+)')
+_LIVE_STATES = ("active", "expired")
+
+Section = tuple[int, int]  # [start, end) of a section's lines in the snapshot bytes
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal and of one type (1 == 1.0 == True in Python; a packed file must not blur them)."""
+    return type(a) is type(b) and a == b
+
+
+def unpack(task: str, entry: dict[str, Any], identities: list[Any],
+           base: dict[str, Any] = _UNPACK_BASE) -> dict[str, Any]:
+    """A packed entry as its persisted dict (Claim.to_dict(compact=True)), with ``base``'s
+    members under it. Never raises: a damaged entry stays damaged (e.g. an identity number out
+    of range) for Claim.from_dict to report."""
+    full = base.copy()  # (quicker than a {**base, **entry} display; "task" leads base)
+    full.update(entry)
+    full["task"] = task
+    if "renewed_at" not in entry and "claimed_at" in entry:
+        full["renewed_at"] = entry["claimed_at"]
+    at = entry.get("identity")
+    if type(at) is int and 0 <= at < len(identities):
+        full["identity"] = identities[at]
+    retired = entry.get("retired")
+    if type(retired) is list and retired and type(retired[-1]) is str:
+        full["retired"] = [*retired[:-1], _own_grant(full, retired[-1])]
+    return full
+
+
+def _own_grant(entry: dict[str, Any], cause: Any) -> dict[str, Any]:
+    """The former grant an ended claim retired itself as (Retired.to_dict's members): what a
+    packed entry writes as just its cause, the last of its "retired"."""
+    return {"token_hash": entry.get("token_hash", ""), "fence": entry.get("fence"),
+            "owner": entry.get("owner"), "cause": cause, "by": None, "rule": None,
+            "at": entry.get("ended_at"), "expired_at": entry.get("expires_at")}
+
+
+class Packer:
+    """Packs persisted claim dicts, numbering owner identities in one table. ``adopt`` starts
+    from a loaded table, so the numbers its unchanged lines use stay valid."""
+
+    def __init__(self) -> None:
+        self.identities: list[Any] = []
+        self._index: dict[bytes, int] = {}
+        self.used: Counter[int] = Counter()
+
+    def adopt(self, identities: list[Any]) -> None:
+        for ident in identities:
+            self._index.setdefault(orjson.dumps(ident), len(self.identities))
+            self.identities.append(ident)
+
+    def pack(self, task: str, entry: dict[str, Any]) -> dict[str, Any]:
+        packed = dict(entry)
+        packed.pop("task", None)
+        for name, default in _PACK_DEFAULTS.items():
+            if name in packed and _same(packed[name], default):
+                del packed[name]
+        renewed = packed.get("renewed_at")
+        if renewed is not None and _same(renewed, packed.get("claimed_at")):
+            del packed["renewed_at"]
+        retired = packed.get("retired")
+        if packed.get("state") == "released" and type(retired) is list and retired:
+            # A released claim's last former grant is itself, retired when it ended (~230
+            # bytes of copies): written as its cause only when it is exactly that.
+            last = retired[-1]
+            if type(last) is dict and last.get("cause") in ("released", "completed"):
+                own = _own_grant(packed, last["cause"])
+                if len(last) == len(own) and all(_same(last.get(k), v) for k, v in own.items()):
+                    packed["retired"] = [*retired[:-1], last["cause"]]
+        ident = packed.get("identity")
+        if type(ident) is int:
+            # Damaged (an index no identity table resolved): kept unusable, so that no
+            # identity appended later can make it name a process it did not name.
+            packed["identity"] = -1
+        elif ident is not None:
+            key = orjson.dumps(ident)
+            at = self._index.get(key)
+            if at is None:
+                at = self._index[key] = len(self.identities)
+                self.identities.append(ident)
+            packed["identity"] = at
+            self.used[at] += 1
+        return packed
+
+    def line(self, task: str, entry: dict[str, Any]) -> tuple[bytes, bool]:
+        """(the section line of ``entry``, whether it belongs to the live section)."""
+        live = entry.get("state", "active") in _LIVE_STATES
+        return orjson.dumps(task) + b":" + orjson.dumps(self.pack(task, entry)), live
+
+
+def find_line(data: bytes, section: Section, probe: bytes) -> tuple[int, int, bool]:
+    """Binary search of a sorted section for the line that starts with ``probe`` (a task's
+    JSON-encoded name and ":"): (line start, content end, True) when found, else (the start
+    of the first greater line or the section end, same, False). Two JSON strings are never
+    prefixes of one another, so comparing a line's first bytes with the probe orders them."""
+    start, end = section
+    lo, hi = start, end
+    n = len(probe)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        ls = data.rfind(b"\n", start, mid) + 1 or start
+        ls = max(ls, start)
+        le = data.find(b"\n", mid, end)
+        if le < 0:
+            le = end
+        head = data[ls : ls + n]
+        if head == probe:
+            return ls, (le - 1 if le < end else end), True
+        if head < probe:
+            lo = le + 1 if le < end else end
+        else:
+            hi = ls
+    return lo, lo, False
+
+
+def section_lines(data: bytes, section: Section) -> list[bytes]:
+    start, end = section
+    return data[start:end].split(SEP) if end > start else []
+
+
+def parse_line(line: bytes) -> tuple[str, Any]:
+    """(task, packed entry) of one section line; raises ValueError when it is not one."""
+    obj = orjson.loads(b"{" + line + b"}")
+    if not isinstance(obj, dict) or len(obj) != 1:
+        raise ValueError("not one member")
+    return next(iter(obj.items()))
+
+
+def _malformed(task: str, exc: Exception) -> RegistryCorrupt:
+    return RegistryCorrupt(
+        "claims.json", f"the snapshot's record of task {task!r} is malformed ({exc})",
+        hint="Run `fleetclaims doctor --fix`: it quarantines the snapshot and rebuilds it from "
+        "the journal.",
+    )
+
+
+class SnapshotClaims(ClaimTable):
+    """The claim table of a loaded snapshot. Entries are converted lazily (a cold start does not
+    build every claim), so a malformed entry in a snapshot whose checksum was forged surfaces at
+    first use: as RegistryCorrupt, never as a raw TypeError, and without losing the entry.
+
+    Layers, first match wins: ``_claims`` (set since the load: what a checkpoint encodes),
+    ``_gone`` (removed by a prune), ``_raw`` (format 1/2 entries as read: packed dicts without
+    "task", or persisted dicts), ``_hot`` (decoded copies of unchanged lines), and the lines
+    of ``_data`` (format 3), found by binary search."""
+
+    __slots__ = ("_count", "_data", "_ended", "_gone", "_hot", "_identities", "_live",
+                 "_refs")
+
+    def __init__(self, raw: dict[str, Any] | None = None) -> None:
+        super().__init__(raw)
+        self._identities: list[Any] = []
+        self._data = b""
+        self._live: Section = (0, 0)
+        self._ended: Section = (0, 0)
+        self._gone: set[str] = set()
+        self._hot: dict[str, Claim] = {}
+        self._count = -1  # lines in _data (counted when first asked)
+        self._refs: Counter[int] | None = None  # identity numbers the lines of _data use
+
+    @classmethod
+    def over(cls, data: bytes, live: Section, ended: Section,
+             identities: list[Any]) -> SnapshotClaims:
+        table = cls()
+        table._data, table._live, table._ended = data, live, ended
+        table._identities = identities
+        return table
+
+    # --- lookups -------------------------------------------------------------------------------
+
+    def _locate(self, task: str) -> tuple[Section, int, int] | None:
+        """(section, line start, content end) of ``task``'s line in _data, or None."""
+        if not self._data:
+            return None
+        probe = orjson.dumps(task) + b":"
+        for section in (self._live, self._ended):
+            ls, ce, found = find_line(self._data, section, probe)
+            if found:
+                return section, ls, ce
+        return None
+
+    def _decode(self, task: str) -> Claim | None:
+        """``task``'s claim from _data (not kept), or None when it has no line there."""
+        at = self._locate(task)
+        if at is None:
+            return None
+        _, ls, ce = at
+        try:
+            key, entry = parse_line(self._data[ls:ce])
+            if key != task or type(entry) is not dict or "task" in entry:
+                raise ValueError("the line does not hold this task's packed entry")
+            return Claim.from_dict(unpack(task, entry, self._identities))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise _malformed(task, exc) from None
+
+    def _peek(self, task: str) -> Claim | None:
+        """``task``'s claim without keeping a converted copy (listings of every claim)."""
+        claim = self._claims.get(task) or self._hot.get(task)
+        if claim is not None or task in self._gone:
+            return claim
+        if task in self._raw:
+            return self.get(task)
+        return self._decode(task)
+
+    def get(self, task: str) -> Claim | None:
+        claim = self._claims.get(task)
+        if claim is not None:
+            return claim
+        if task in self._gone:
+            return None
+        raw = self._raw.get(task)
+        if raw is not None:
+            if "task" not in raw:
+                self._raw[task] = unpack(task, raw, self._identities)
+            try:
+                return super().get(task)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                self._raw[task] = raw
+                raise _malformed(task, exc) from None
+        claim = self._hot.get(task)
+        if claim is None and self._data:
+            claim = self._decode(task)
+            if claim is not None:
+                self._hot[task] = claim
+        return claim
+
+    def __setitem__(self, task: str, claim: Claim) -> None:
+        self._raw.pop(task, None)
+        self._hot.pop(task, None)
+        self._gone.discard(task)
+        self._claims[task] = claim
+
+    def discard(self, task: str) -> None:
+        self._claims.pop(task, None)
+        self._raw.pop(task, None)
+        self._hot.pop(task, None)
+        if self._locate(task) is not None:
+            self._gone.add(task)
+
+    def __contains__(self, task: object) -> bool:
+        if not isinstance(task, str):
+            return False
+        if task in self._claims or task in self._raw:
+            return True
+        return task not in self._gone and (task in self._hot or self._locate(task) is not None)
+
+    def _base_tasks(self) -> list[str]:
+        return [parse_line(line)[0] for section in (self._live, self._ended)
+                for line in section_lines(self._data, section)]
+
+    def __len__(self) -> int:
+        if not self._data:
+            return len(self._claims) + len(self._raw)
+        if self._count < 0:
+            self._count = sum(self._data.count(SEP, *s) + 1 for s in (self._live, self._ended)
+                              if s[1] > s[0])
+        shadowed = sum(1 for t in self._claims if self._locate(t) is not None)
+        return self._count - len(self._gone) - shadowed + len(self._claims) + len(self._raw)
+
+    def tasks(self) -> list[str]:
+        names = set(self._claims) | set(self._raw)
+        if self._data:
+            names.update(t for t in self._base_tasks() if t not in self._gone)
+        return sorted(names)
+
+    def values(self) -> Iterator[Claim]:
+        for task in self.tasks():
+            claim = self._peek(task)
+            if claim is not None:
+                yield claim
+
+    def materialize(self) -> None:
+        for _ in self.converted():
+            pass
+
+    def entry(self, task: str) -> dict[str, Any] | None:
+        claim = self._claims.get(task)
+        if claim is not None:
+            return claim.to_dict(compact=True)
+        if task in self._gone:
+            return None
+        raw = self._raw.get(task)
+        if raw is not None:
+            return unpack(task, raw, self._identities) if "task" not in raw else raw
+        at = self._locate(task)
+        if at is None:
+            return None
+        found = parse_line(self._data[at[1] : at[2]])[1]
+        return unpack(task, found, self._identities) if type(found) is dict else found
+
+    def _entries(self) -> Iterator[tuple[str, dict[str, Any], bool]]:
+        """(task, entry, packed) of every entry not shadowed by a change: _raw's, then the
+        lines of _data (packed)."""
+        for task, raw in self._raw.items():
+            yield task, raw, "task" not in raw
+        if self._data:
+            skip = self._gone.union(self._claims)
+            for section in (self._live, self._ended):
+                for line in section_lines(self._data, section):
+                    task, entry = parse_line(line)
+                    if task not in skip and type(entry) is dict:
+                        yield task, entry, True
+
+    def raw_items(self) -> Iterator[tuple[str, Any]]:
+        identities = self._identities
+        for task, entry, packed in self._entries():
+            yield task, unpack(task, entry, identities) if packed else entry
+        for task, claim in self._claims.items():
+            yield task, claim.to_dict(compact=True)
+
+    def data_items(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        # One new dict per entry, unpacked straight onto the listing base (a cold `list
+        # --json` does this for every claim of the registry).
+        identities = self._identities
+        for task, entry, packed in self._entries():
+            yield task, (unpack(task, entry, identities, _PACKED_LISTING_BASE) if packed
+                         else {**LISTING_BASE, **entry})
+        for task, claim in self._claims.items():
+            yield task, claim.to_dict()
+
+    def converted(self) -> Iterator[tuple[str, Claim]]:
+        """(task, Claim) for every entry, each built afresh and not kept: a check of every
+        entry (doctor) need not hold the whole registry as objects. Raises RegistryCorrupt
+        for a malformed entry or a section out of order (a lookup would miss entries)."""
+        for section in (self._live, self._ended):
+            last = b""
+            for line in section_lines(self._data, section):
+                if line <= last:
+                    raise RegistryCorrupt(
+                        "claims.json", "the snapshot's claim lines are not in order",
+                        hint="Run `fleetclaims doctor --fix`: it quarantines the snapshot and "
+                        "rebuilds it from the journal.")
+                last = line
+        try:
+            for task, raw in self.raw_items():
+                current = task
+                yield task, Claim.from_dict(raw)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise _malformed(locals().get("current", "?"), exc) from None
+
+    def copy(self) -> SnapshotClaims:
+        clone = SnapshotClaims.over(self._data, self._live, self._ended, self._identities)
+        clone._claims = dict(self._claims)
+        clone._raw = dict(self._raw)
+        clone._hot = dict(self._hot)
+        clone._gone = set(self._gone)
+        clone._count, clone._refs = self._count, self._refs
+        return clone
+
+    # --- encoding ------------------------------------------------------------------------------
+
+    def incremental(self) -> bool:
+        """Whether a checkpoint can copy this table's unchanged lines as they are."""
+        return bool(self._data) and not self._raw
+
+    def refs(self) -> Counter[int]:
+        """How many lines of _data name each identity number (a "identity":N inside metadata
+        counts too: that only keeps an identity one checkpoint longer)."""
+        if self._refs is None:
+            refs: Counter[int] = Counter()
+            for start, end in (self._live, self._ended):
+                refs.update(int(n) for n in _IDENTITY_REF.findall(self._data, start, end))
+            self._refs = refs
+        return self._refs
+
+    def rebase(self, data: bytes, live: Section, ended: Section, identities: list[Any],
+               refs: Counter[int]) -> None:
+        """Hold ``data`` (what a checkpoint of this table just encoded) as the lines: the
+        changes are in it, so they leave memory; live claims stay converted (hot)."""
+        hot = {t: c for t, c in (*self._hot.items(), *self._claims.items()) if c.live}
+        self._data, self._live, self._ended = data, live, ended
+        self._identities = identities
+        self._claims, self._raw, self._gone, self._hot = {}, {}, set(), hot
+        self._count, self._refs = -1, refs
+
+
+def _runs(data: bytes, section: Section, cuts: list[tuple[int, int]],
+          inserts: list[tuple[int, bytes]]) -> list[bytes]:
+    """The pieces of a section after removing the lines at ``cuts`` ((start, content end))
+    and adding ``inserts`` ((position, line), position a line start or the section end):
+    unchanged runs of lines are copied as one slice each. Joined with SEP by the caller."""
+    start, end = section
+    ops = sorted([(pos, 0, line, 0) for pos, line in inserts] +
+                 [(ls, 1, b"", ce) for ls, ce in cuts], key=lambda o: (o[0], o[1], o[2]))
+    pieces: list[bytes] = []
+    cursor = start
+    for pos, kind, line, ce in ops:
+        if pos > cursor:
+            pieces.append(data[cursor : pos - len(SEP) if pos < end else end])
+            cursor = pos
+        if kind == 0:
+            pieces.append(line)
+        else:
+            cursor = ce + len(SEP) if ce < end else end
+    if cursor < end:
+        pieces.append(data[cursor:end])
+    return pieces
+
+
+def encode_sections(table: SnapshotClaims, packer: Packer) -> tuple[bytes, bytes, Counter[int]]:
+    """(live section, ended section, identity references) of ``table`` by copying its
+    unchanged lines and encoding only its changed entries (``table.incremental()``)."""
+    data = table._data
+    packer.adopt(table._identities)
+    refs = Counter(table.refs())
+    cuts: dict[Section, list[tuple[int, int]]] = {table._live: [], table._ended: []}
+    inserts: dict[bool, list[tuple[bytes, bytes]]] = {True: [], False: []}
+    for task in sorted({*table._claims, *table._gone}):
+        at = table._locate(task)
+        if at is not None:
+            section, ls, ce = at
+            cuts[section].append((ls, ce))
+            try:
+                old = parse_line(data[ls:ce])[1]
+                ident = old.get("identity") if isinstance(old, dict) else None
+            except ValueError:
+                ident = None
+            if type(ident) is int:
+                refs[ident] -= 1
+        claim = table._claims.get(task)
+        if claim is not None:
+            line, live = packer.line(task, claim.to_dict(compact=True))
+            inserts[live].append((orjson.dumps(task) + b":", line))
+    refs.update(packer.used)
+    out = []
+    for section, live in ((table._live, True), (table._ended, False)):
+        placed = [(find_line(data, section, probe)[0], line) for probe, line in inserts[live]]
+        out.append(SEP.join(_runs(data, section, cuts[section], placed)))
+    return out[0], out[1], +refs
+
+
+def encode_all(table: ClaimTable, packer: Packer) -> tuple[bytes, bytes, Counter[int]]:
+    """(live section, ended section, identity references) of a claim table, every entry
+    packed afresh (format 1/2 loads, fresh tables, and identity clean-ups). Entries are packed
+    one at a time in task order, so identity numbers are a function of the content alone and
+    no more than one entry's dict is held at a time."""
+    lines: dict[bool, list[bytes]] = {True: [], False: []}
+    for task in table.tasks():
+        entry = table.entry(task)
+        if entry is not None:
+            line, live = packer.line(task, entry)
+            lines[live].append(line)
+    return (SEP.join(sorted(lines[True])), SEP.join(sorted(lines[False])),
+            Counter(packer.used))

@@ -7,14 +7,12 @@ keeps each claim's token, so an agent names only the task and the patterns.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 from mcp.types import CallToolResult  # at run time: the SDK reads the annotations
 from pydantic import Field
 
-if TYPE_CHECKING:
-    from ..api import Registry
+from .mcp_host import ServerHost
 
 Task = Annotated[str, Field(max_length=200, description="The task id, e.g. 'issue-42'.")]
 Paths = Annotated[list[str] | None, Field(
@@ -37,20 +35,8 @@ TOOLS = {
 }
 
 
-class PathTools:
+class PathTools(ServerHost):
     """``reserve`` and ``unreserve``."""
-
-    registry: Registry
-    owner: str
-
-    if TYPE_CHECKING:  # provided by ClaimsServer
-        def call(self, op: Callable[[], Any]) -> CallToolResult: ...
-
-        def token_for(self, task: str, token: str | None) -> str: ...
-
-        def forget_if_lost(self, task: str, op: Callable[[], Any]) -> Any: ...
-
-        def summary(self, claim: Any) -> dict[str, Any]: ...
 
     def reserve(self, task: Task, paths: Paths = None, shared_paths: SharedPaths = None,
                 ) -> CallToolResult:

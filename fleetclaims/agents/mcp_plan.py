@@ -6,14 +6,14 @@ these tools record name the server's owner as their actor.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 from mcp.types import CallToolResult  # at run time: the SDK reads the annotations
 from pydantic import Field
 
+from .mcp_host import ServerHost
+
 if TYPE_CHECKING:
-    from ..api import Registry
     from ..core.queue import Task as QueuedTask
 
 Task = Annotated[str, Field(max_length=200, description="The task id, e.g. 'issue-42'.")]
@@ -33,20 +33,8 @@ def task_doc(t: QueuedTask) -> dict[str, Any]:
             "depends_on": list(t.depends_on), "labels": list(t.labels), "blocked": t.blocked}
 
 
-class PlanningTools:
+class PlanningTools(ServerHost):
     """``add``, ``add_many``, ``depend``, ``block``, ``unblock`` and ``transition``."""
-
-    registry: Registry
-    owner: str
-
-    if TYPE_CHECKING:  # provided by ClaimsServer
-        def call(self, op: Callable[[], Any]) -> CallToolResult: ...
-
-        def token_for(self, task: str, token: str | None) -> str: ...
-
-        def forget_if_lost(self, task: str, op: Callable[[], Any]) -> Any: ...
-
-        def summary(self, claim: Any) -> dict[str, Any]: ...
 
     def add(self, task: Task, title: Title = None, description: Description = None,
             labels: Labels = None, priority: Priority = 100, depends_on: Names = None,

@@ -95,7 +95,7 @@ def archive(directory: Path, before: float, to: Path | None = None, *,
     ones, in order; the active journal is never archived) to ``to``. Call under the registry
     lock. Returns what was done (for the CLI)."""
     now = time.time() if now is None else now
-    target = (to or directory / DEFAULT_DIR).absolute()
+    target = (to or directory / DEFAULT_DIR).resolve()
     anchor = read_anchor(directory)
     start = anchor.seq if anchor is not None else 0
     files = list(anchor.files) if anchor is not None else []

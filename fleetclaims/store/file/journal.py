@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -18,7 +18,7 @@ import orjson
 from ...core import events as ev
 from ...core.chain import ChainError, check_seal, envelope, seal
 from ...core.errors import AuditCorrupt, FleetclaimsError, ValidationError
-from ...core.model import Claim
+from ...core.ports import ClaimView
 from ...core.state import State
 from .faults import osc
 from .lock import RegistryLock
@@ -121,7 +121,7 @@ def seq_of(line: bytes) -> int | None:
 
 
 def seal_events(events: list[dict[str, Any]], seq: int, head: str, ts: float,
-                claims: Mapping[str, Claim] | None = None) -> tuple[bytes, list[dict[str, Any]]]:
+                claims: ClaimView | None = None) -> tuple[bytes, list[dict[str, Any]]]:
     """The journal lines for ``events`` chained after line ``seq`` (whose hash is ``head``), and
     the events as sealed (with seq, ts, prev and hash: what applying them needs). With
     ``claims`` (the state they apply to), a lone renewal that only extends the holder's lease

@@ -274,3 +274,25 @@ def test_concurrent_writers_across_rotations(tmp_path: Path, durability: str) ->
         claim = reg.get(ack["task"])
         assert claim is not None and claim.fence == ack["fence"]
     reg.close()
+
+
+def test_audit_task_reads_the_task_lines_alone(tmp_path: Path, small: None,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`audit --task T` (through the segments' index) lists what `events(task=T)` (a scan)
+    does, page by page, and its last cursor is the head (a --follow goes on from there)."""
+    from fleetclaims.cli import main
+
+    d = tmp_path / "r"
+    reg = fleetclaims.Registry(d, durability="process")
+    _work(reg, 120)
+    head = reg.store.read().seq
+    scanned = [e.data for e in reg.events(task="t7", limit=1000).events]
+    reg.close()
+    assert len(scanned) > 4
+    assert main(["--dir", str(d), "audit", "--task", "t7", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["events"] == scanned and doc["next_cursor"] == head and not doc["more"]
+    assert main(["--dir", str(d), "audit", "--task", "t7", "--limit", "3", "--after",
+                 str(scanned[0]["seq"]), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["events"] == scanned[1:4] and doc["more"]

@@ -182,6 +182,15 @@ def _where(system: str, url: str, tmp: Path) -> str:
     return str(path / "reg") if system == "file" else str(path)
 
 
+def _load() -> str:
+    """The machine's load averages (1, 5, 15 min), as uptime shows them."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "load unknown"
+    return f"load {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
 def _summary(values: list[float]) -> str:
     return f"{statistics.median(values):>7.0f} [{min(values):.0f}-{max(values):.0f}]"
 
@@ -215,6 +224,7 @@ def main() -> None:
               f"{args.seconds:g} s windows, {args.rounds} rounds interleaved, "
               f"{os.cpu_count()} CPUs; median [min-max]")
         for procs in args.procs:
+            before = _load()
             results: dict[str, list[float]] = {name: [] for name in systems}
             for round_no in range(args.rounds):
                 # ABBA order: a load that drifts during a round hurts both sides alike
@@ -225,8 +235,8 @@ def main() -> None:
                                             strict=True)]
             cells = "  ".join(f"{name} {_summary(v)}" for name, v in results.items())
             print(f"procs {procs}: {cells}  ratio fleetclaims/{systems[1]} "
-                  f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]",
-                  flush=True)
+                  f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]  "
+                  f"({before} before, {_load()} after; {os.cpu_count()} CPUs)", flush=True)
     finally:
         import shutil
 

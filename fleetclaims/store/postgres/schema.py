@@ -246,6 +246,19 @@ class Queries:
             "set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true), "
             "set_config('idle_in_transaction_session_timeout', %s, true)"
         )
+        # This transaction's settings, then the head row locked, in one statement: the
+        # settings are a subquery joined below the row lock (FOR UPDATE locks the rows the
+        # join returns), so lock_timeout is in force when the lock is waited for.
+        self.lock = (
+            "SELECT h.seq, h.head, h.fence, h.origin, "
+            f"extract(epoch FROM clock_timestamp())::float8 FROM ({self.settings}) l, "
+            f"{s}.head h WHERE h.id = 1 FOR UPDATE OF h"
+        )
+        # The usual write (one audit row, one claim row, the head) as one statement.
+        self.write1 = (
+            f"WITH a AS ({self.audit_insert}), c AS ({self.claim_upsert}) "
+            f"{self.head_update}"
+        )
 
     def prepared(self) -> tuple[str, Queries]:
         """(PREPARE statements, a copy of these queries that EXECUTEs them) for the statements
@@ -270,16 +283,19 @@ class Queries:
 # The statements of a write transaction run as prepared statements on a direct connection
 # (parsed and planned once per session: most of the server's time per operation otherwise),
 # with their parameter types.
+_SETTINGS = ("text", "text", "text", "text")
+_AUDIT = ("bigint", "float8", "text", "text", "text", "text", "bigint", "text", "text")
+_CLAIM = ("text", "text", "text", "bigint", "float8", "bigint", "text")
+_HEAD = ("bigint", "text", "bigint", "text")
 _PREPARED: dict[str, tuple[str, ...]] = {
-    "settings": ("text", "text", "text", "text"),
-    "head_lock": (),
+    "lock": _SETTINGS,
     "claim": ("bigint", "text", "text"),
     "task": ("text",),
-    "audit_insert": ("bigint", "float8", "text", "text", "text", "text", "bigint", "text",
-                     "text"),
-    "claim_upsert": ("text", "text", "text", "bigint", "float8", "bigint", "text"),
+    "audit_insert": _AUDIT,
+    "claim_upsert": _CLAIM,
     "task_upsert": ("text", "bigint", "text"),
-    "head_update": ("bigint", "text", "bigint", "text"),
+    "head_update": _HEAD,
+    "write1": (*_AUDIT, *_CLAIM, *_HEAD),
 }
 
 

@@ -317,8 +317,7 @@ class PostgresStore:
         q = self._q
         batch = pgc.Batch(conn)
         batch.add("BEGIN")
-        batch.add(q.settings, pgc.local_settings(self.sync, deadline - time.monotonic()))
-        batch.add(q.head_lock)
+        batch.add(q.lock, pgc.local_settings(self.sync, deadline - time.monotonic()))
         # One equality lookup per row (measured: far cheaper for the server to plan than one
         # statement joining an array of tasks); a claim row's JSON comes only when it differs
         # from our copy.
@@ -329,7 +328,7 @@ class PostgresStore:
         for name in task_names:
             batch.add(q.task, (name,))
         results = batch.run()
-        row = results[2][0] if results[2] else None
+        row = results[1][0] if results[1] else None
         if row is None:
             raise RegistryCorrupt(self.location, "the head row of the journal is missing")
         seq, head, fence, origin, server_wall = row
@@ -342,7 +341,7 @@ class PostgresStore:
         table = PgClaimView(self)
         tasks = PgTaskView(self)
         found: dict[str, Claim] = {}
-        for task, rows in zip(claims, results[3:3 + len(claims)], strict=True):
+        for task, rows in zip(claims, results[2:2 + len(claims)], strict=True):
             if rows:
                 data = rows[0][0]
                 hit = self._cache.get(task) if data is None else None
@@ -350,7 +349,7 @@ class PostgresStore:
                 self._cache_put(task, found[task])
         table.preload(claims, found)
         task_data = {name: orjson.loads(rows[0][0]) for name, rows in
-                     zip(task_names, results[3 + len(claims):], strict=True) if rows}
+                     zip(task_names, results[2 + len(claims):], strict=True) if rows}
         tasks.preload(task_names, task_data)
         return table, tasks, now
 
@@ -360,13 +359,18 @@ class PostgresStore:
         one message of statements."""
         q = self._q
         batch = pgc.Batch(conn)
-        for row in rows:
-            batch.add(q.audit_insert, row)
-        for task in sorted(table.dirty):
-            batch.add(q.claim_upsert, claim_row(table, task))
-        for task_row in task_rows(tasks):
-            batch.add(q.task_upsert, task_row)
-        batch.add(q.head_update, (state.seq, state.head, state.fence, state.origin))
+        head = (state.seq, state.head, state.fence, state.origin)
+        if len(rows) == 1 and len(table.dirty) == 1 and not tasks.dirty:
+            (task,) = table.dirty
+            batch.add(q.write1, (*rows[0], *claim_row(table, task), *head))
+        else:
+            for row in rows:
+                batch.add(q.audit_insert, row)
+            for task in sorted(table.dirty):
+                batch.add(q.claim_upsert, claim_row(table, task))
+            for task_row in task_rows(tasks):
+                batch.add(q.task_upsert, task_row)
+            batch.add(q.head_update, head)
         batch.add("COMMIT")
         batch.run()
 
@@ -446,12 +450,11 @@ class PostgresStore:
                 # it to finish (or for the server to end it, idle in its transaction).
                 batch = pgc.Batch(conn)
                 batch.add("BEGIN")
-                batch.add(self.sql.settings,
+                batch.add(self.sql.lock,
                           pgc.local_settings(self.sync, deadline - time.monotonic()))
-                batch.add(self.sql.head_lock)
                 batch.add(self.sql.line_at, (seq,))
                 batch.add("ROLLBACK")
-                found = batch.run()[3]
+                found = batch.run()[2]
                 return bool(found) and found[0][0] == line
             except psycopg.Error:
                 self._abandon(conn)

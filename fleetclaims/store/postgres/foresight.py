@@ -27,6 +27,8 @@ class Foresight:
     """The ``Rows`` the views read through during the speculative run: cached claims, no
     task rows, and a record of every task asked for."""
 
+    schema = ""  # (never used: a statement other than a task lookup ends the guess)
+
     def __init__(self, sql: Queries, cache: dict[str, Claim]) -> None:
         self.sql = sql
         self._cache = cache

@@ -27,6 +27,7 @@ from .system import Clock, Prober, SystemClock, SystemProber
 if TYPE_CHECKING:  # imported where used: a cold CLI command should not pay for them
     from .core.explain import Explanation
     from .core.merge import MergePlan
+    from .core.prune import PruneReport
     from .sync.history import SyncReport
     from .sync.remote_lease import RemoteLeases
 
@@ -382,6 +383,45 @@ class Registry(QueueMethods):
             verdicts = self._verdicts(self._seen())
             decision, _ = self._run(decide)
         assert isinstance(decision.result, SweepReport)
+        return decision.result
+
+    def prune(self, older_than: float | str, *, actor: str = "fleetclaims",
+              dry_run: bool = False) -> PruneReport:
+        """Remove from the live state the records of claims that ended (released or completed)
+        more than ``older_than`` ago (seconds, or a duration such as ``"90d"``), recorded as
+        one ``claims_pruned`` event. A completed task keeps a compact record (owner, fence,
+        completion time), so it stays refused to ``claim`` until ``reopen``; the journal keeps
+        every event. Nothing is pruned unless this is called."""
+        from .core import prune
+        from .core.durations import parse_duration
+
+        who = validate.owner(actor, "actor")
+        dry_run = validate.flag("dry_run", dry_run)
+        if isinstance(older_than, str):
+            age = parse_duration(older_than, "older_than")
+        elif isinstance(older_than, (int, float)) and not isinstance(older_than, bool):
+            age = float(older_than)
+        else:
+            raise ValidationError("older_than", "must be seconds or a duration such as 90d",
+                                  value=older_than)
+        if not age >= 0 or age == float("inf"):
+            raise ValidationError("older_than", "must be a finite duration, 0 or more",
+                                  value=older_than)
+
+        def decide(state: State, now: Now) -> Decision:
+            report = prune.plan(state.claims, now.wall - age)
+            if dry_run or not report.count:
+                return Decision(result=report)
+            return Decision(({"type": ev.CLAIMS_PRUNED, "actor": who, "before": report.before,
+                              "released": len(report.released),
+                              "completed": len(report.completed)},), result=report)
+
+        decision = decide(self.store.read(), self._now()) if dry_run else self._run(decide)[0]
+        if decision.events:
+            from .store.file.faults import crash_point
+
+            crash_point("prune.after_sync")
+        assert isinstance(decision.result, prune.PruneReport)
         return decision.result
 
     def merge(

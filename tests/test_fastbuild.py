@@ -201,6 +201,8 @@ def _events() -> list[dict[str, Any]]:
          "paths": ["src", "lib"], "shared_paths": ["docs/*.md"], "changed": ["lib"]},
         {"type": ev.PATHS_RELEASED, "task": "w", "actor": "a", "owner": "a", "fence": 7,
          "paths": ["lib"], "shared_paths": [], "changed": ["src", "docs/*.md"]},
+        {"type": ev.CLAIMS_PRUNED, "actor": "op", "before": 1016.5, "released": 3,
+         "completed": 0},
     ]
     out = []
     for seq, fields in enumerate(raw, 1):

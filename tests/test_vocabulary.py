@@ -43,6 +43,7 @@ NOT_ON_MCP = {
     "sync": "talks to the repository's git remote (network, git's credential helpers): an "
             "operator's step (the CLI)",
     "stats": "brief, ready and claim_next return the counts an agent needs",
+    "prune": "retention of the live state is an operator's decision (the CLI)",
 }
 
 #: tools that are not Registry methods

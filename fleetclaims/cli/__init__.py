@@ -59,7 +59,7 @@ COMMANDS: dict[str, str] = {
     **dict.fromkeys(("add", "depend", "block", "unblock", "claim-next", "ready", "tasks"),
                     "queue"),
     **dict.fromkeys(("events", "explain", "audit", "top"), "audit"),
-    **dict.fromkeys(("merge", "doctor", "init", "migrate", "db"), "admin"),
+    **dict.fromkeys(("merge", "doctor", "init", "migrate", "db", "prune"), "admin"),
     **dict.fromkeys(("run", "mcp", "guard", "hooks", "brief"), "agents"),
     "sync": "sync",
     **dict.fromkeys(("reserve", "unreserve"), "paths"),

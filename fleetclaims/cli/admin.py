@@ -1,5 +1,5 @@
 """CLI commands that look after a registry as a whole: ``doctor``, ``init``, ``merge``,
-``migrate`` and ``db``."""
+``prune``, ``migrate`` and ``db``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ EXAMPLES = {
     "migrate": "fleetclaims migrate --from .cache/fleetclaims --to postgresql://me@db/claims",
     "db": "fleetclaims db migrate --dir postgresql://me@db/claims",
     "init": "fleetclaims init\n  fleetclaims init --new-history   # after a deliberate reset",
+    "prune": "fleetclaims prune --ended-before 90d --dry-run   # what would go\n"
+    "  fleetclaims prune --ended-before 90d",
 }
 
 
@@ -35,6 +37,14 @@ def add_parsers(add: AddParser) -> None:
     p.add_argument("--new-history", action="store_true",
                    help="acknowledge a deliberate reset: the old journal and snapshot go to "
                    "quarantine/ and fences start above every fence recorded before")
+
+    p = add("prune", "remove the records of claims that ended long ago from the live state "
+            "(recorded; completed tasks stay refused to claim until reopened)")
+    p.add_argument("--ended-before", required=True, metavar="AGE",
+                   help="prune claims that ended more than AGE ago (e.g. 90d, 12h)")
+    p.add_argument("--dry-run", action="store_true", help="say what would be pruned, change "
+                   "nothing")
+    p.add_argument("--actor", default="fleetclaims", help="who prunes (recorded)")
 
     p = add("migrate", "copy a registry (claims and the whole audit history) to another store")
     p.add_argument("--from", dest="source", required=True)
@@ -135,6 +145,22 @@ def cmd_init(args: argparse.Namespace, out: Out) -> int:
     return EXIT_OK
 
 
+def cmd_prune(args: argparse.Namespace, out: Out) -> int:
+    from ..core.durations import iso
+
+    report = registry(args).prune(args.ended_before, actor=args.actor, dry_run=args.dry_run)
+    if out.json:
+        out.doc({**report.to_dict(), "dry_run": args.dry_run})
+        return EXIT_OK
+    what = "would prune" if args.dry_run else "pruned"
+    out.line(f"{what} the records of {len(report.released)} released and "
+             f"{len(report.completed)} completed claims that ended before {iso(report.before)}"
+             + ("" if args.dry_run or not report.count else
+                " (completed tasks stay refused to claim until reopened; the journal keeps "
+                "their history)"))
+    return EXIT_OK
+
+
 def cmd_migrate(args: argparse.Namespace, out: Out) -> int:
     from .._open import require_registry
     from ..location import is_url, resolve
@@ -169,5 +195,5 @@ def cmd_db(args: argparse.Namespace, out: Out) -> int:
 
 COMMANDS: dict[str, Handler] = {
     "merge": cmd_merge, "doctor": cmd_doctor, "init": cmd_init, "migrate": cmd_migrate,
-    "db": cmd_db,
+    "db": cmd_db, "prune": cmd_prune,
 }

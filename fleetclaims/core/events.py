@@ -43,6 +43,7 @@ from .model import (
 )
 from .paths import PathIndex
 from .ports import ClaimView, TaskView
+from .prune import apply_prune
 from .state import State
 
 ENVELOPE: Final = ("seq", "ts", "type", "prev", "hash")
@@ -192,6 +193,14 @@ PATHS_RELEASED: Final = _declare(
     "paths_released", (*_HOLDER, *_PATHS, "changed"),
     "{owner} released the reservation of {changed} for {task} (fence {fence})")
 
+# An explicit retention command (core/prune.py): the records of claims that ended before
+# ``before`` leave the live state (released ones removed, completed ones kept compact);
+# ``released``/``completed`` count them. The journal keeps their events.
+CLAIMS_PRUNED: Final = _declare(
+    "claims_pruned", ("actor", "before", "released", "completed"),
+    "{actor} pruned the records of {released} released and {completed} completed claims "
+    "that ended before {before}")
+
 SCHEMA: Final[Mapping[str, EventType]] = MappingProxyType(_SCHEMA)
 ALL_TYPES: Final = frozenset(SCHEMA)
 GRANTS: Final = frozenset({CLAIM_CREATED, CLAIM_RECOVERED, CLAIM_PREEMPTED, CLAIM_HANDED_OFF})
@@ -202,7 +211,7 @@ LOSSES: Final = frozenset({LEASE_EXPIRED, CLAIM_RECOVERED, CLAIM_PREEMPTED, CLAI
                            CLAIM_RELEASED_FORCED})
 # Events about the registry itself rather than one task.
 REGISTRY_EVENTS: Final = frozenset({REGISTRY_REBUILT, JOURNAL_TAIL_REPAIRED, REGISTRIES_MERGED,
-                                    JOURNAL_BREAK})
+                                    JOURNAL_BREAK, CLAIMS_PRUNED})
 TASK_EVENTS: Final = frozenset({TASK_ADDED, TASK_UPDATED, TASK_BLOCKED, TASK_UNBLOCKED,
                                 BECAME_READY})
 # Journal bookkeeping that changes no claim.
@@ -210,7 +219,7 @@ _NO_CLAIM_CHANGE = frozenset({CLAIM_REJECTED, JOURNAL_TAIL_REPAIRED, REGISTRY_CR
                               REMOTE_LEASE, JOURNAL_BREAK})
 # Events that change one claim (handled by _apply_claim_event).
 _CLAIM_CHANGES = ALL_TYPES - _NO_CLAIM_CHANGE - TASK_EVENTS - {
-    REGISTRIES_MERGED, REGISTRY_REBUILT}
+    REGISTRIES_MERGED, REGISTRY_REBUILT, CLAIMS_PRUNED}
 IDENTITY_MEMO_MAX = 1024  # owner processes remembered per state (State.identities)
 _RETIRE_CAUSE = {
     CLAIM_RECOVERED: "recovered",
@@ -324,6 +333,9 @@ def apply(state: State, event: dict[str, Any]) -> State:
             state.origin = event["origin"]
         _apply_merge(state, event, seq)
         state.tasks.drop_index()  # claims changed wholesale: rebuilt on next use
+    elif kind == CLAIMS_PRUNED:
+        apply_prune(state.claims, _float(event["before"]), seq,
+                    _str(event.get("ohash") or head))
     elif kind in TASK_EVENTS:
         _apply_task_event(state.tasks, state.claims, kind, event, seq,
                                _float(event["ts"]))

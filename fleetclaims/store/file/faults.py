@@ -36,6 +36,7 @@ CRASH_POINTS = (
     "archive.after_copy",  # archived segments copied (fsynced) to DIR, nothing else changed
     "archive.after_anchor",  # segments/archived.json names them, still in segments/ too
     "archive.after_remove",  # archived segments removed from segments/
+    "prune.after_sync",  # a prune's claims_pruned line durable, its caller not told yet
 )
 
 

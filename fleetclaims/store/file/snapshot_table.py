@@ -53,12 +53,18 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def unpack(task: str, entry: dict[str, Any], identities: list[Any],
-           base: dict[str, Any] = _UNPACK_BASE) -> dict[str, Any]:
+           base: dict[str, Any] | None = None) -> dict[str, Any]:
     """A packed entry as its persisted dict (Claim.to_dict(compact=True)), with ``base``'s
-    members under it. Never raises: a damaged entry stays damaged (e.g. an identity number out
+    members under it (else the packed defaults after its own, so that packing it again gives
+    the same line). Never raises: a damaged entry stays damaged (e.g. an identity number out
     of range) for Claim.from_dict to report."""
-    full = base.copy()  # (quicker than a {**base, **entry} display; "task" leads base)
-    full.update(entry)
+    if base is None:
+        full = {"task": task, **entry}
+        for name, default in _UNPACK_BASE.items():
+            full.setdefault(name, default)
+    else:
+        full = base.copy()  # (quicker than a {**base, **entry} display; "task" leads base)
+        full.update(entry)
     full["task"] = task
     if "renewed_at" not in entry and "claimed_at" in entry:
         full["renewed_at"] = entry["claimed_at"]

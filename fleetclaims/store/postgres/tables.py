@@ -26,6 +26,7 @@ class Rows(Protocol):
     that reuses the store's copies of unchanged rows."""
 
     sql: Queries
+    schema: str  # the schema's name (quoted in statements)
 
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]: ...
 
@@ -81,6 +82,14 @@ class PgClaimView:
         self._table[task] = claim
         self._absent.discard(task)
         self.dirty.add(task)
+
+    def discard(self, task: str) -> None:
+        """A recorded prune removed ``task``'s record: its row goes in this transaction."""
+        self._table.discard(task)
+        self.dirty.discard(task)
+        self._absent.add(task)
+        self._rows.query(f'DELETE FROM "{self._rows.schema}".claims WHERE task = %s '
+                         "RETURNING task", (task,))
 
     def __contains__(self, task: object) -> bool:
         return isinstance(task, str) and self.get(task) is not None

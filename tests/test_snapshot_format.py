@@ -254,6 +254,8 @@ def test_large_snapshot_checksum_and_parse_errors(tmp_path: Path) -> None:
         damaged.get(task)
     with pytest.raises(RegistryCorrupt):
         list(snapshot.claim_records(damaged))
+    with pytest.raises(RegistryCorrupt):
+        list(damaged.values())  # a listing: typed too, never a raw parse error
     assert damaged.get("task-00000") is not None  # the other entries stay readable
 
 

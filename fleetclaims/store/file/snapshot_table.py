@@ -295,8 +295,14 @@ class SnapshotClaims(ClaimTable):
         return task not in self._gone and (task in self._hot or self._locate(task) is not None)
 
     def _base_tasks(self) -> list[str]:
-        return [parse_line(line)[0] for section in (self._live, self._ended)
-                for line in section_lines(self._data, section)]
+        names = []
+        for section in (self._live, self._ended):
+            for line in section_lines(self._data, section):
+                try:
+                    names.append(parse_line(line)[0])
+                except ValueError as exc:
+                    raise _malformed(line[:80].decode(errors="replace"), exc) from None
+        return names
 
     def __len__(self) -> int:
         if not self._data:
@@ -314,10 +320,20 @@ class SnapshotClaims(ClaimTable):
         return sorted(names)
 
     def values(self) -> Iterator[Claim]:
-        for task in self.tasks():
-            claim = self._peek(task)
-            if claim is not None:
-                yield claim
+        """Every claim in task order, each line parsed once; the claims converted from lines
+        are not kept (a listing or a sweep of 100,000 claims leaves memory as it found it)."""
+        for task in list(self._raw):  # (format 1/2 entries: converted as get does)
+            self.get(task)
+        found = list(self._claims.items())
+        for task, entry, _ in self._entries():
+            try:
+                found.append((task, self._hot.get(task) or Claim.from_dict(
+                    unpack(task, entry, self._identities))))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise _malformed(task, exc) from None
+        found.sort(key=lambda tc: tc[0])
+        for _, claim in found:
+            yield claim
 
     def materialize(self) -> None:
         for _ in self.converted():
@@ -347,7 +363,10 @@ class SnapshotClaims(ClaimTable):
             skip = self._gone.union(self._claims)
             for section in (self._live, self._ended):
                 for line in section_lines(self._data, section):
-                    task, entry = parse_line(line)
+                    try:
+                        task, entry = parse_line(line)
+                    except ValueError as exc:
+                        raise _malformed(line[:80].decode(errors="replace"), exc) from None
                     if task not in skip and type(entry) is dict:
                         yield task, entry, True
 

@@ -1,7 +1,9 @@
 """Rotating the active journal into a sealed segment (see segments.py for the layout).
 
 Called by a writer under the registry lock, caught up to the journal's head, when the active
-journal has passed ``segments.SEGMENT_BYTES``. Steps and their crash points:
+journal has passed ``segments.SEGMENT_BYTES``. The bulk of its lines is first sealed by a helper
+process outside the lock (preseal.py); the rotation then seals the lines appended since. Steps
+and their crash points:
 
 - ``segment.after_compress``: the gzip temp file is durable, not renamed (the next rotation
   writes it again; nothing refers to it);
@@ -18,10 +20,10 @@ import contextlib
 import os
 from typing import TYPE_CHECKING
 
-from . import fsutil, segments
+from . import fsutil, preseal, segments
 from .faults import crash_point, osc
 from .journal import seq_of
-from .reader import find_offset, iter_lines
+from .reader import find_offset
 from .snapshot import encode_snapshot, write_snapshot
 
 if TYPE_CHECKING:
@@ -38,14 +40,16 @@ def rotate(store: CatchUp) -> None:
     sync = bool(getattr(store, "sync", True))
     sealed = segments.sealed(store.directory)
     last = sealed[-1].last if sealed else 0
-    first_line = next(iter_lines(fd, 0, end), None)
-    if first_line is None or state.seq <= last:
+    first = seq_of(os.pread(fd, 64, 0))
+    if first is None or state.seq <= last:
         return
-    first = seq_of(first_line[1]) or 1
     start = 0
-    if first <= last:  # a rotation cut short sealed the lines up to ``last`` already
+    if first <= last:  # a helper (or a rotation cut short) sealed the lines up to ``last``
         start = find_offset(fd, last, 0, end, first - 1)
         first = last + 1
+    elif end < 2 * segments.SEGMENT_BYTES and preseal.pending(
+            store.directory, os.fstat(fd).st_ino, 0, end, first, state.seq):
+        return  # a helper process compresses them, outside the lock
     data = os.pread(fd, end - start, start)
     if len(data) != end - start:
         raise OSError(5, "short read of the journal to seal")

@@ -225,12 +225,28 @@ def _index(lines: bytes, blocks: list[tuple[int, int, int]]) -> dict[str, Any]:
 
 def seal(directory: Path, data: bytes, first: int, last: int, *, sync: bool) -> Segment:
     """Write ``data`` (whole lines ``first``..``last``) as a sealed segment and its index."""
+    packed = pack(directory, data, first, last, sync=sync)
+    return install(packed, sync=sync)
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A segment compressed into a temp file, not yet in place (``install``)."""
+
+    tmp: Path
+    segment: Segment
+    index: bytes
+
+
+def pack(directory: Path, data: bytes, first: int, last: int, *, sync: bool) -> Packed:
+    """Compress ``data`` into a temp file beside the segments (a name of its own: two
+    processes may pack the same lines at once)."""
     folder = directory / DIRNAME
     folder.mkdir(mode=0o700, exist_ok=True)
     seg = Segment(folder / name(first, last), first, last)
     packed, blocks = _compress(data)
     index = orjson.dumps(_index(data, blocks))
-    tmp = folder / f".{seg.path.name}.tmp"
+    tmp = folder / f".{seg.path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
     fd = fsutil.open_file(tmp, os.O_WRONLY | os.O_TRUNC, create=True)
     try:
         write_at(fd, packed, 0)
@@ -239,21 +255,33 @@ def seal(directory: Path, data: bytes, first: int, last: int, *, sync: bool) -> 
     finally:
         os.close(fd)
     crash_point("segment.after_compress")
-    osc.replace(str(tmp), str(seg.path))
+    return Packed(tmp, seg, index)
+
+
+def install(packed: Packed, *, sync: bool) -> Segment:
+    """Rename a packed segment into place, then write its (derived) index."""
+    seg = packed.segment
+    folder = seg.path.parent
+    osc.replace(str(packed.tmp), str(seg.path))
     if sync:
         fsutil.fsync_dir(folder)
     crash_point("segment.after_seal")
     # The index is derived: written after the segment, never trusted over it (a missing or
     # unreadable one means reading the whole segment).
     with contextlib.suppress(OSError):
-        itmp = folder / f".{seg.index_path.name}.tmp"
+        itmp = folder / f".{seg.index_path.name}.{os.getpid()}.tmp"
         ifd = fsutil.open_file(itmp, os.O_WRONLY | os.O_TRUNC, create=True)
         try:
-            write_at(ifd, index, 0)
+            write_at(ifd, packed.index, 0)
         finally:
             os.close(ifd)
         os.replace(itmp, seg.index_path)
     return seg
+
+
+def discard(packed: Packed) -> None:
+    with contextlib.suppress(OSError):
+        packed.tmp.unlink()
 
 
 def _block_lines(seg: Segment, offset: int, length: int) -> list[bytes]:

@@ -233,6 +233,51 @@ def _settle_helper(directory: str) -> int:
     return 0
 
 
+# A busy writer's checkpoint of a large snapshot (encoding 100,000 claims costs ~0.35 s of CPU)
+# is made by a forked child: a copy-on-write image of the state at the writer's offset, taken
+# after the registry lock is released in ~5 ms, so no operation waits for the encoding.
+FORK_MIN = 1 << 20  # snapshot bytes above which a checkpoint is forked off
+
+
+def fork_worker(work: Any) -> int:
+    """Run ``work()`` (True: done) in a forked child that exits when it returns; the child's
+    pid, or 0 when this process cannot fork (no fork, faults armed by a test: crash points
+    must fire in the process under test), and then the caller does the work itself."""
+    from .faults import FAULTS
+
+    if not hasattr(os, "fork") or FAULTS.crash_hook is not None or FAULTS.os_faults:
+        return 0
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # (3.12+ warns of forking a threaded process: the
+            warnings.simplefilter("ignore", DeprecationWarning)  # child only runs ``work``)
+            pid = os.fork()
+    except OSError:
+        return 0
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            import gc
+
+            gc.disable()  # (a collection would copy every page it touches)
+            code = 0 if work() else 1
+        finally:
+            os._exit(code)
+    return pid
+
+
+def reaped(pid: int, *, block: bool) -> bool | None:
+    """The forked worker's outcome: True done, False failed, None still running."""
+    try:
+        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+    except ChildProcessError:
+        return False  # reaped by someone else (a SIGCHLD handler): assume the worst
+    if done == 0:
+        return None
+    return os.waitstatus_to_exitcode(status) == 0
+
+
 class Refusals:
     """Repeated refusals of one requester for one task by one holder, counted in memory.
 
@@ -355,11 +400,14 @@ if __name__ == "__main__":  # the settle helper (spawn_settler)
 
 __all__ = [
     "DEFER_MIN",
+    "FORK_MIN",
     "IDLE",
     "REFUSAL_FLUSH",
     "AtRest",
     "IdleKeeper",
     "Refusals",
+    "fork_worker",
+    "reaped",
     "release_padding",
     "settle_at_exit",
     "share_padding",

@@ -95,6 +95,7 @@ class FileStore(History):
         self._snap_offset = 0
         self._snap_size = 0
         self._poisoned: DurabilityError | None = None
+        self._forked = (0, 0)  # a forked checkpoint pending: (pid, snapshot offset before it)
         self._padding_checked = False
         self._rebuild_owed = False
         self._swept_temps = False
@@ -132,6 +133,10 @@ class FileStore(History):
         self._pid = pid
 
     def _reset_handles(self) -> None:
+        if self._forked[0] and self._pid == os.getpid():
+            with contextlib.suppress(OSError):
+                self._reap(block=True)
+        self._forked = (0, 0)
         if self._fd >= 0 and self._pid == os.getpid():
             with contextlib.suppress(OSError):
                 os.close(self._fd)
@@ -148,8 +153,17 @@ class FileStore(History):
         return self.clock.now()
 
     def peek(self) -> State | None:
-        """The state as this handle last read it, without I/O or the lock (possibly behind the
-        files; for work done before the lock, such as probing a holder's liveness)."""
+        """The state as this handle last read it, without the lock (possibly behind the files;
+        for work done before the lock, such as probing a holder's liveness). No I/O but on a
+        handle's first use: then it loads, as its first operation would, before the lock."""
+        if self._state is None and self._poisoned is None:
+            with self._mutex:
+                try:
+                    self._ensure_open()
+                    if self._state is None and self.foreign_owner is None:
+                        self._read_ahead()
+                except (OSError, FleetclaimsError):
+                    return None  # (the operation itself reports it)
         return self._state if self._pid == current_pid() else None
 
     def close(self) -> None:
@@ -232,7 +246,7 @@ class FileStore(History):
                 self._sync_appended(start, end, seq_before)
             crash_point("journal.after_sync")
             if self._checkpoint_due():
-                self._checkpoint(unlocked=True)
+                self._checkpoint_soon()
             self._rest.wrote(self, self._pid)
         assert self._state is not None
         return decision, self._state
@@ -389,7 +403,8 @@ class FileStore(History):
         state, never over a snapshot owed to quarantine, and only where we may write; written
         as a writer's checkpoint after its lock is released (never replacing a newer one)."""
         if (self.damage is not None or self._rebuild_owed or self._fd < 0
-                or self._state is None or not os.access(self.directory, os.W_OK)):
+                or self._state is None or self.foreign_owner is not None
+                or not os.access(self.directory, os.W_OK)):
             return
         if self.sync:  # what we read may not be flushed yet: the snapshot must not lead
             try:
@@ -424,10 +439,15 @@ class FileStore(History):
                         self._fd, self._offset):
                     self._alloc = self._offset
             at.settled()
+            if self._forked[0]:
+                self._reap(block=wait)
             if self._offset > self._snap_offset and not (
                     defer and self._snap_size >= rest.DEFER_MIN
                     and rest.spawn_settler(str(self.directory), self._lock.fd)):
-                self._checkpoint(unlocked=True)
+                if wait:
+                    self._checkpoint(unlocked=True)
+                else:  # the idle keeper: an operation arriving now must not wait for it
+                    self._checkpoint_soon()
         except (OSError, FleetclaimsError) as exc:
             import logging
 
@@ -435,6 +455,38 @@ class FileStore(History):
                 "fleetclaims: leaving %s at rest failed: %s", self.location, exc)
         finally:
             self._mutex.release()
+        return True
+
+    def _checkpoint_soon(self) -> None:
+        """A checkpoint after the lock is released: a large one by a forked child (see
+        rest.FORK_MIN), at most one at a time, so the operation that triggers it returns at
+        once; a small one here."""
+        if self._forked[0] and not self._reap(block=False):
+            return  # the last one is still being written: due again once it is done
+        if self._snap_size >= rest.FORK_MIN and current_pid() == os.getpid():
+            pid = rest.fork_worker(self._checkpoint_child)
+            if pid:
+                self._forked = (pid, self._snap_offset)
+                self._snap_offset = self._offset  # (put back if the child fails)
+                return
+        self._checkpoint(unlocked=True)
+
+    def _checkpoint_child(self) -> bool:
+        self._checkpoint(unlocked=True)
+        return self.last_checkpoint_error is None
+
+    def _reap(self, *, block: bool) -> bool:
+        """Whether no forked checkpoint is pending any more (waits for it when ``block``)."""
+        pid, before = self._forked
+        done = rest.reaped(pid, block=block)
+        if done is None:
+            return False
+        self._forked = (0, 0)
+        if done:
+            with contextlib.suppress(OSError):
+                self._snap_size = os.path.getsize(self.snapshot_path)
+        else:  # failed (it logged why): owed again
+            self._snap_offset = min(self._snap_offset, before)
         return True
 
     def _checkpoint(self, *, unlocked: bool = False) -> None:

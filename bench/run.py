@@ -6,11 +6,15 @@
 Sections (each printed as a plain-text table; everything also written as JSON to
 bench/results/):
 
-throughput  claim+release cycles on 20 tasks from 1 and 4 processes (real processes started
+throughput  claim+release cycles on 20 tasks from 1, 4 and 8 processes (real processes started
             together by a barrier), fleetclaims durability="full" vs SQLite synchronous=FULL and
             "process" vs NORMAL; the two systems alternate within each repetition; medians of
             the repetitions; ops/s, p50/p99/max latency per operation, ratio fleetclaims/SQLite.
-scaling     the same 1-process full-durability cycles with 20, 1,000, 10,000, 100,000 live
+sizes       (#21) 1-process cycles on 20 / 10,000 / 100,000 live claims at both durabilities,
+            interleaved, ratio to 20 per rep, slowest op (the checkpoint's trigger), and a fresh
+            process's first write and peak RSS beside a SQLite peer process (bench/cells21.py).
+queue       (#21) bench/queue_bench.py at 10,000 open tasks, full durability, vs SQLite.
+scaling     (only with --only scaling) the same 1-process full-durability cycles with 20, 1,000, 10,000, 100,000 live
             claims already in the registry; ops/s and ratio to the 20-claim figure. fleetclaims
             checkpoints (rewrites the snapshot) every max(512 KiB, snapshot/8) journal bytes; a
             short window may hold fewer checkpoints than its share, so "amortised" charges the
@@ -45,6 +49,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import cells21  # noqa: E402
 from sqlite_peer import ClaimConflict as SqlConflict  # noqa: E402
 from sqlite_peer import SqliteRegistry  # noqa: E402
 
@@ -237,7 +242,7 @@ class Workdir:
 
 
 def section_throughput(cfg: argparse.Namespace, work: Workdir, log: Any) -> list[dict[str, Any]]:
-    cells = [(d, p, False) for d in ("full", "process") for p in (1, 4)]
+    cells = [(d, p, False) for d in ("full", "process") for p in (1, 4, 8)]
     cells.append(("full", 4, True))
     trials: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for rep in range(cfg.reps):
@@ -408,6 +413,7 @@ def section_coldstart(cfg: argparse.Namespace, work: Workdir, log: Any,
         cli = [exe] if exe else [py, "-m", "fleetclaims"]
         measure("fleetclaims claim", lambda i: [*cli, "claim", f"cold-{i}", "--owner", "bench"])
         measure("fleetclaims list --json", lambda i: [*cli, "list", "--json"])
+        measure("fleetclaims list (human table)", lambda i: [*cli, "list"])
         if "fleetclaims claim" not in runs or "fleetclaims list --json" not in runs:
             has_cli = False
             why = "CLI present but a command failed: " + "; ".join(notes)
@@ -596,9 +602,19 @@ def report(res: dict[str, Any]) -> str:
             checks.append([f"{r['claims']:,} claims >= {need}x of 20 (amortised)",
                            f"{r['fc_ratio_to_base']:.2f}x", verdict(r["fc_ratio_to_base"] >= need)])
     if "coldstart" in res:
-        for k, v in res["coldstart"]["ms"].items():
-            if k.startswith("fleetclaims ") or "[no CLI]" in k:
+        ms = res["coldstart"]["ms"]
+        for k, v in ms.items():
+            if (k.startswith("fleetclaims ") or "[no CLI]" in k) and "human" not in k:
                 checks.append([f"cold start {k} <= 150 ms", f"{v:.0f} ms", verdict(v <= 150)])
+        human, js = ms.get("fleetclaims list (human table)"), ms.get("fleetclaims list --json")
+        if human and js:
+            checks.append(["list (human) <= 1.5x list --json", f"{human / js:.2f}x",
+                           verdict(human <= 1.5 * js)])
+    more, extra = cells21.report_lines(res, table, verdict)
+    out[-1:-1] = more  # (before the TARGETS heading)
+    checks.extend(extra)
+    checks.append(["explain / audit --task on 1,000,000 events <= 0.5 s",
+                   "bench/year_bench.py", "n/a"])
     if "audit" in res:
         v = res["audit"]["verify_events_s"]
         checks.append(["audit verify >= 200k events/s", f"{v:,.0f}", verdict(v >= 200_000)])
@@ -610,13 +626,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="bounded run (about 2-3 minutes)")
-    ap.add_argument("--only", nargs="*", choices=["throughput", "scaling", "coldstart", "audit"],
+    ap.add_argument("--only", nargs="*",
+                    choices=["throughput", "sizes", "scaling", "coldstart", "queue", "audit"],
                     help="run only these sections")
     ap.add_argument("--reps", type=int, help="repetitions per cell (quick 3, full 5)")
     ap.add_argument("--duration", type=float, help="seconds per trial window (quick 1, full 3)")
     ap.add_argument("--audit-events", type=int, help="journal size (quick 100k, full 1M)")
     ap.add_argument("--workdir", default=str(HERE / "results"),
                     help="where temporary registries go (must be the disk you measure)")
+    ap.add_argument("--size-cells", type=int, nargs="*",
+                    help="live claims per sizes cell (default 20 10000 100000; first is the base)")
     ap.add_argument("--out", help="JSON output path (default bench/results/<time>.json)")
     cfg = ap.parse_args(argv)
     cfg.reps = cfg.reps or (3 if cfg.quick else 5)
@@ -626,7 +645,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg.cold_reps = 5 if cfg.quick else 9
     cfg.cold_size = 10_000
     cfg.sizes = [20, 1_000, 10_000, 100_000]
-    sections = cfg.only or ["throughput", "scaling", "coldstart", "audit"]
+    cfg.size_cells = cfg.size_cells or [20, 10_000, 100_000]
+    # (scaling, the older 4-size full-durability table, runs when asked: --only scaling)
+    sections = cfg.only or ["throughput", "sizes", "coldstart", "queue", "audit"]
 
     import sqlite3
 
@@ -654,12 +675,18 @@ def main(argv: list[str] | None = None) -> int:
         if "throughput" in sections:
             log("throughput")
             res["throughput"] = section_throughput(cfg, work, log)
+        if "sizes" in sections:
+            log("sizes (#21)")
+            res["sizes"] = cells21.section_sizes(cfg, work, log)
         if "scaling" in sections:
             log("scaling")
             res["scaling"] = section_scaling(cfg, work, log, keep)
         if "coldstart" in sections:
             log("cold start")
             res["coldstart"] = section_coldstart(cfg, work, log, keep)
+        if "queue" in sections:
+            log("queue (#21)")
+            res["queue"] = cells21.section_queue(cfg, log)
         if "audit" in sections:
             log(f"audit ({cfg.audit_events} events)")
             res["audit"] = section_audit(cfg, work, log)

@@ -40,6 +40,7 @@ from fleetclaims.core.liveness import LocalFacts, decide_liveness
 from fleetclaims.core.state import State
 from fleetclaims.review.migrate import copy_registry
 from fleetclaims.store.file import faults
+from fleetclaims.store.postgres import connection as pgc
 from fleetclaims.store.postgres.store import SCHEMA_VERSION, PostgresStore, parse_location
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
@@ -324,6 +325,29 @@ def test_statements_are_prepared_on_a_direct_connection(pg: str) -> None:
     reg.release(c.task, token=c.token or "")
     reg.close()
     other.close()
+
+
+def test_literals_read_back_as_sent(postgres_url: str) -> None:
+    """Every value the store sends as an SQL literal reads back the same, whatever the
+    server's standard_conforming_strings (strings with a backslash go as E'' literals)."""
+    values: list[Any] = ["", "plain", "it's", "back\\slash", "\\'", "''", "ünï ☃ 𝄞", "%s",
+                         0, -1, 2**62, 1.5, -2.5e-300, 1e300, True, False, None]
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        for conforming in ("on", "off"):
+            conn.execute(f"SET standard_conforming_strings = {conforming}")
+            for value in values:
+                batch = pgc.Batch(conn)
+                batch.add("SELECT %s, pg_typeof(%s)::text", (value, value))
+                got, _ = batch.run()[0][0]
+                expected = None if value is None else (
+                    ("t" if value else "f") if isinstance(value, bool) else
+                    value if isinstance(value, str) else None)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    assert float(got) == value
+                else:
+                    assert got == expected, (conforming, value)
+        with pytest.raises(psycopg.DataError):
+            pgc.literal("nul\x00")
 
 
 # --- concurrency -----------------------------------------------------------------------------

@@ -144,20 +144,26 @@ def _text(value: bytes | None, encoding: str) -> str | None:
 
 def literal(value: Any) -> str:
     """``value`` as an SQL literal: None, bool, int, float and str (what the store sends)."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, str):
+    kind = type(value)
+    if kind is str:
         if "\x00" in value:
             raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-        return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
+        if "\\" in value:
+            return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+        return "'" + value.replace("'", "''") + "'" if "'" in value else "'" + value + "'"
+    if kind is int:
         return str(value)
-    if isinstance(value, float):
+    if value is None:
+        return "NULL"
+    if kind is float:
         if math.isfinite(value):
             return repr(value)
         return "'NaN'" if math.isnan(value) else ("'Infinity'" if value > 0 else "'-Infinity'")
+    if kind is bool:
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):  # a subclass: as its base type
+        return literal((str if isinstance(value, str) else float if isinstance(value, float)
+                        else int)(value))
     raise TypeError(f"no SQL literal for {type(value).__name__}")
 
 

@@ -146,11 +146,12 @@ def literal(value: Any) -> str:
     """``value`` as an SQL literal: None, bool, int, float and str (what the store sends)."""
     kind = type(value)
     if kind is str:
-        if "\x00" in value:
+        text: str = value
+        if "\x00" in text:
             raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-        if "\\" in value:
-            return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
-        return "'" + value.replace("'", "''") + "'" if "'" in value else "'" + value + "'"
+        if "\\" in text:
+            return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+        return "'" + text.replace("'", "''") + "'" if "'" in text else "'" + text + "'"
     if kind is int:
         return str(value)
     if value is None:

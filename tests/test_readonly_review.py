@@ -18,6 +18,7 @@ import pytest
 
 from fleetclaims import AuditCorrupt, FleetclaimsError, Registry, UnsafeRegistry
 from fleetclaims.store.file import faults, fsutil
+from fleetclaims.store.file import store as file_store_module
 
 pytestmark = pytest.mark.integration
 
@@ -88,6 +89,8 @@ def test_another_users_registry_is_read_never_written(
     d = tmp_path / "theirs"
     _registry(d)
     owner = _make_foreign(d, monkeypatch)
+    # (a reader that replayed a long journal leaves a snapshot where it may write: never here)
+    monkeypatch.setattr(file_store_module, "REPLAY_SNAPSHOT", -1)
     before = _tree(d, tmp_path / "anchors")
     writes: list[str] = []
     real = faults.osc.open
@@ -111,6 +114,10 @@ def test_another_users_registry_is_read_never_written(
         assert f"owned by uid {owner}" in message and "only read" in message
         assert "Reading works" in message and "FLEETCLAIMS_DIR" in message
         reg.close()
+        from fleetclaims.store.file import doctor
+
+        report = doctor.check(d, fix=True)  # (nor does doctor --fix touch it)
+        assert not report.ok and "foreign_owner" in report.kinds(), report.to_dict()
     finally:
         os.chmod(d, 0o700)  # (so that tmp_path can be removed)
     assert writes == []

@@ -183,9 +183,11 @@ def _check_directory(path: Path, report: DoctorReport, fix: bool) -> bool:
         report.add("unsafe_directory", f"{path} is not a plain directory (symlink or file); "
                    "fleetclaims refuses it. Move it aside and point fleetclaims elsewhere.")
         return False
-    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-        report.add("foreign_owner", f"{path} is owned by uid {st.st_uid}, not by you; "
-                   "fleetclaims refuses it. Use your own registry directory.")
+    me = fsutil.euid()
+    if me is not None and st.st_uid != me:
+        report.add("foreign_owner", f"{path} is owned by uid {st.st_uid}, not by you (uid "
+                   f"{me}): it can be read (claims, get, explain, audit) but not written or "
+                   "repaired by you. Run doctor as its owner, or use your own registry.")
         return False
     if st.st_mode & 0o077:
         finding = report.add("permissions", f"{path} has mode {stat.S_IMODE(st.st_mode):o}; "

@@ -1,7 +1,7 @@
 """Pruning ended claim records (#15) and the compact state they leave (#21): a recorded
 command removes old released records and shrinks old completed ones; a completed task stays
 refused until reopened; every store applies it identically; a fresh process reads the result
-from claims.json (format 3) as a replay of the journal would build it."""
+from claims.json (format 4) as a replay of the journal would build it."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_snapshot_after_prune_is_compact_and_plain_json(tmp_path: Path) -> None:
     reg.prune("30d")
     file_store(reg).checkpoint()
     doc = json.loads((tmp_path / "r" / "claims.json").read_bytes())
-    assert doc["format"] == 3 and doc["seq"] == reg.stats().seq
+    assert doc["format"] == 4 and doc["seq"] == reg.stats().seq
     assert set(doc["claims"]) == {"old-live", "new-live"}
     assert {"owner", "phase", "fence", "expires_at"} <= set(doc["claims"]["old-live"])
     assert "old-rel-0" not in doc["ended"] and "reopened" not in doc["ended"]

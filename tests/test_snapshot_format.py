@@ -1,6 +1,6 @@
-"""The snapshot's format 3 (packed claim entries a line, sorted, in a live and an ended section,
+"""The snapshot's format 4 (packed claim entries a line, sorted, in a live and an ended section,
 an identity table) holds exactly what format 1 held, and registries whose snapshot an earlier
-version wrote in format 1 or 2 still load."""
+version wrote in format 1, 2 or 3 still load."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_packed_snapshot_holds_exactly_what_the_journal_says(tmp_path: Path) -> 
     file_store(reg).checkpoint()
     data = (tmp_path / "r" / "claims.json").read_bytes()
     snap = decode_snapshot(data)
-    assert orjson.loads(data)["format"] == 3
+    assert orjson.loads(data)["format"] == 4
     lines, _ = journal_lines(tmp_path / "r")
     expected = replay(lines)
     # Raw (unconverted) entries read back as the persisted dicts of the claims...
@@ -171,7 +171,7 @@ def test_format_1_snapshot_of_an_earlier_version_still_loads(
     again = Registry(tmp_path / "r", clock=clock, prober=prober)
     file_store(again).checkpoint()
     rewritten = orjson.loads(snap_path.read_bytes())
-    assert rewritten["format"] == 3  # format 3 again, with the packed original's content
+    assert rewritten["format"] == 4  # format 4 again, with the packed original's content
     assert {k: v for k, v in rewritten.items() if k != "checksum"} == {
         k: v for k, v in orjson.loads(packed).items() if k != "checksum"}
 
@@ -216,7 +216,7 @@ def test_identity_number_out_of_range_stays_damage() -> None:
 def test_large_snapshot_checksum_and_parse_errors(tmp_path: Path) -> None:
     """Every byte of a snapshot is under its checksum (a flipped byte is refused); format 2
     snapshots above 1 MiB are hashed on a second thread while they are parsed and are checked
-    just as strictly; format 3 parses its frame at load and each line at use, so invalid JSON
+    just as strictly; format 4 parses its frame at load and each line at use, so invalid JSON
     under a forged checksum is refused at load in the frame and, in a line, at the first use
     of that claim and by doctor's check of every entry."""
     from fleetclaims.core.errors import RegistryCorrupt
@@ -282,3 +282,77 @@ def test_large_snapshot_loads_when_no_thread_can_start(monkeypatch: pytest.Monke
     assert len(decode_snapshot(data).state.claims) == 4000
     with pytest.raises(SnapshotError, match="checksum"):
         decode_snapshot(data[:100] + b"X" + data[101:])
+
+
+def test_identity_clean_up_renumbers_only_the_identity_members() -> None:
+    """When a checkpoint drops an identity no claim names any more, the other numbers are
+    rewritten in place (claims whose metadata has an "identity" member of its own keep it),
+    and the file is byte for byte what encoding every claim afresh writes."""
+    from fleetclaims.core.model import Claim, Identity
+    from fleetclaims.core.state import ClaimTable
+
+    def claim(i: int, pid: int, metadata: Any = None) -> Claim:
+        return Claim(task=f"t{i}", owner="o", fence=i + 1, token_hash="h" * 64,
+                     claimed_at=1.0, renewed_at=1.0, expires_at=100.0, metadata=metadata,
+                     identity=Identity(host="h", pid=pid, start=1))
+
+    state = State()
+    for i, pid in enumerate([10, 11, 12, 10, 12, 13]):
+        state.claims[f"t{i}"] = claim(i, pid, {"identity": 1} if i % 2 else {"x": {"identity": 0}})
+    loaded = decode_snapshot(encode_snapshot(state, 0)).state
+    assert [i["pid"] for i in orjson.loads(encode_snapshot(loaded, 0))["identities"]] == [
+        10, 11, 12, 13]
+    loaded.claims["t1"] = claim(1, 12, {"identity": 1})  # pid 11 is named no more
+    data = encode_snapshot(loaded, 0)
+    assert [i["pid"] for i in orjson.loads(data)["identities"]] == [10, 12, 13]
+    again = decode_snapshot(data).state
+    assert [again.claims.get(f"t{i}").identity.pid  # type: ignore[union-attr]
+            for i in range(6)] == [10, 12, 12, 10, 12, 13]
+    assert [again.claims.get(f"t{i}").metadata for i in range(2)] == [  # type: ignore[union-attr]
+        {"x": {"identity": 0}}, {"identity": 1}]
+    fresh = State(ClaimTable(dict(again.claims.raw_items())))
+    assert encode_snapshot(fresh, 0) == data
+
+
+def _format_3(data: bytes) -> bytes:
+    """A format-4 snapshot as the format-3 writer laid it out (the identity number first in
+    each line instead of last): same content, older layout."""
+    header, rest = data.split(b"\n", 1)
+    doc = orjson.loads(data)
+    sections = []
+    for name in ("claims", "ended"):
+        lines = []
+        for task, entry in doc[name].items():
+            if "identity" in entry:
+                entry = {"identity": entry.pop("identity"), **entry}
+            lines.append(orjson.dumps(task) + b":" + orjson.dumps(entry))
+        sections.append(b",\n".join(sorted(lines)))
+    head = orjson.loads(header[:-1] + b"}")
+    head["format"] = 3
+    head["bytes"] = {"claims": len(sections[0]), "ended": len(sections[1])}
+    body = (orjson.dumps(head)[:-1] + b',\n"claims":{\n' + sections[0] + b'\n},\n"ended":{\n'
+            + sections[1] + b"\n}}")
+    digest = hashlib.sha256(body).hexdigest()
+    return body[:-1] + b',"checksum":"' + digest.encode() + b'"}\n'
+
+
+def test_format_3_snapshot_loads_and_is_rewritten_as_format_4(tmp_path: Path) -> None:
+    """Format 3 (a few hours of 2026-12-01: identity numbers anywhere in a line) loads with the
+    same claims, and its first checkpoint encodes every line afresh as format 4 (never a
+    renumbering that would miss an identity number in the middle of a line)."""
+    reg, clock, prober = varied_registry(tmp_path / "r")
+    file_store(reg).checkpoint()
+    state = reg.store.read()
+    reg.close()
+    snap_path = tmp_path / "r" / "claims.json"
+    current = snap_path.read_bytes()
+    snap_path.write_bytes(_format_3(current))
+    loaded = Registry(tmp_path / "r", clock=clock, prober=prober)
+    assert materialized(loaded.store.read()) == materialized(state)
+    loaded.claim("fresh", owner="z")  # a change, then a checkpoint of the format-3 table
+    file_store(loaded).checkpoint()
+    doc = orjson.loads(snap_path.read_bytes())
+    assert doc["format"] == 4 and len(doc["identities"]) == 3
+    assert materialized(decode_snapshot(snap_path.read_bytes()).state) == materialized(
+        loaded.store.read())
+    loaded.close()

@@ -73,11 +73,6 @@ class ClaimTable:
         for task, data in self.raw_items():
             yield task, {**LISTING_BASE, **data}
 
-    def entry(self, task: str) -> Any:
-        """``task``'s persisted dict (as raw_items gives it), or None; builds no Claim."""
-        claim = self._claims.get(task)
-        return claim.to_dict(compact=True) if claim is not None else self._raw.get(task)
-
     def discard(self, task: str) -> None:
         """Forget ``task``'s record (a prune: see events.CLAIMS_PRUNED)."""
         self._claims.pop(task, None)

@@ -28,17 +28,21 @@ from ...system import pid_exists
 from . import fsutil
 from .faults import crash_point, osc
 from .journal import line_before
-from .snapshot_table import Packer, SnapshotClaims, encode_all, encode_sections
+from .snapshot_table import Packer, SnapshotClaims, encode_all, encode_sections, renumber
 
 __all__ = ["Snapshot", "SnapshotClaims", "SnapshotError", "claim_records", "decode_snapshot",
            "encode_snapshot", "read_snapshot", "write_snapshot"]
 
-SNAPSHOT_FORMAT = 3  # 1, 2 (still read): one JSON object; 3: a claim a line (snapshot_table)
+# 1, 2 (still read): one JSON object. 3 (still read; written for a few hours of 2026-12-01): a
+# claim a line (snapshot_table.py), its identity number anywhere in it. 4: the same, the
+# identity number always a line's last member (what lets a checkpoint renumber without parsing)
+SNAPSHOT_FORMAT = 4
+_LINE_FORMATS = (3, 4)
 TMP_PREFIX = "claims.json.tmp-"
 _CHECKSUM_MARK = b',"checksum":"'
 _CHECKSUM_SUFFIX = len(_CHECKSUM_MARK) + 64 + 2
 _PARALLEL_HASH_MIN = 1 << 20  # below this, starting a thread costs more than it saves
-# The frame of format 3 around its two sections of lines (see snapshot_table.py).
+# The frame of formats 3 and 4 around its two sections of lines (see snapshot_table.py).
 _CLAIMS_OPEN = b',\n"claims":{\n'
 _ENDED_OPEN = b'\n},\n"ended":{\n'
 _SECTION_CLOSE = b"\n}"
@@ -57,47 +61,51 @@ class SnapshotError(ValueError):
 
 
 def encode_snapshot(state: State, offset: int) -> bytes:
-    """The snapshot of ``state`` at journal ``offset`` (format 3). Lines of a loaded snapshot
+    """The snapshot of ``state`` at journal ``offset`` (format 4). Lines of a loaded snapshot
     that nothing changed are copied, not re-encoded; afterwards the state's claim table holds
     the bytes written (same content), so what changed since leaves memory."""
     table = state.claims
     packer = Packer()
     sections = None
-    if isinstance(table, SnapshotClaims) and table.incremental():
-        base = len(table._identities)
-        if all(-1 <= n < base for n in table.refs()):  # (else damage to neutralise: below)
-            sections = encode_sections(table, packer)
-            refs = sections[2]
-            if any(refs[i] <= 0 for i in range(len(packer.identities))):
-                sections = None  # an identity no claim names any more: renumber them all
+    identities = packer.identities
+    if (isinstance(table, SnapshotClaims) and table.incremental()
+            and all(-1 <= n < len(table._identities) for n in table.refs())):
+        # (a line naming no identity of its table, damage, is packed afresh below: as -1)
+        sections = encode_sections(table, packer)
+        refs = sections[2]
+        if any(refs[i] <= 0 for i in range(len(identities))):
+            # An identity no claim names any more: drop it, renumber the others.
+            live, ended, refs, identities = renumber(sections[0], sections[1], identities)
+            sections = (live, ended, refs)
     if sections is None:
-        packer = Packer()
-        sections = encode_all(table if isinstance(table, ClaimTable)
-                              else ClaimTable(dict(table.raw_items())), packer)
+        sections = encode_all(table, packer)
     live, ended, refs = sections
+    del sections
+    live_len, ended_len = sum(map(len, live)), sum(map(len, ended))
     header = orjson.dumps({"format": SNAPSHOT_FORMAT, "seq": state.seq, "offset": offset,
                            "head": state.head, "origin": state.origin, "fence": state.fence,
-                           "identities": packer.identities,
-                           "bytes": {"claims": len(live), "ended": len(ended)}})
+                           "identities": identities,
+                           "bytes": {"claims": live_len, "ended": ended_len}})
     tail = _SECTION_CLOSE
     if len(state.tasks):  # the work queue; absent from registries that never used it
         tail += _TASKS_OPEN + orjson.dumps(dict(state.tasks.raw_items()))
-    pieces = [header[:-1], _CLAIMS_OPEN, live, _ENDED_OPEN, ended, tail]
+    pieces = [header[:-1], _CLAIMS_OPEN, *live, _ENDED_OPEN, *ended, tail]
     digest = hashlib.sha256()
     for piece in pieces:
         digest.update(piece)
     digest.update(b"}")
     data = b"".join([*pieces, _CHECKSUM_MARK, digest.hexdigest().encode(), b'"}\n'])
+    del pieces, live, ended  # (views of the old bytes: released before they are dropped)
     at = len(header) - 1 + len(_CLAIMS_OPEN)
-    live_at = (at, at + len(live))
+    live_at = (at, at + live_len)
     at = live_at[1] + len(_ENDED_OPEN)
-    ended_at = (at, at + len(ended))
+    ended_at = (at, at + ended_len)
     if isinstance(table, SnapshotClaims):
-        table.rebase(data, live_at, ended_at, packer.identities, refs)
+        table.rebase(data, live_at, ended_at, identities, refs)
     elif isinstance(table, ClaimTable):
         fresh = SnapshotClaims()
         fresh._claims = dict(table.loaded())
-        fresh.rebase(data, live_at, ended_at, packer.identities, refs)
+        fresh.rebase(data, live_at, ended_at, identities, refs)
         state.claims = fresh
     return data
 
@@ -115,7 +123,7 @@ def decode_snapshot(data: bytes) -> Snapshot:
     digest = hashlib.sha256()
     body = memoryview(data)[:cut]
     obj: Any
-    if data.startswith(b'{"format":3,'):
+    if data.startswith((b'{"format":3,', b'{"format":4,')):
         digest.update(body)  # (only its header and frame are parsed: nothing to overlap)
         obj = _frame(data, cut)
     else:
@@ -125,7 +133,7 @@ def decode_snapshot(data: bytes) -> Snapshot:
         raise SnapshotError("checksum does not match the contents")
     if isinstance(obj, SnapshotError):
         raise obj
-    if not isinstance(obj, dict) or obj.get("format") not in (1, 2, SNAPSHOT_FORMAT):
+    if not isinstance(obj, dict) or obj.get("format") not in (1, 2, *_LINE_FORMATS):
         found = obj.get("format") if isinstance(obj, dict) else obj
         raise SnapshotError(f"unknown format {found!r}")
     return _checked(obj, data)
@@ -159,7 +167,7 @@ def _frame(data: bytes, cut: int) -> dict[str, Any] | SnapshotError:
     its work queue parsed; the claim lines are not parsed (they are looked up in place)."""
     nl = data.find(b"\n", 0, cut)
     if nl < 1 or data[nl - 1 : nl] != b",":
-        return SnapshotError("format 3 without its header line")
+        return SnapshotError("a claim-a-line snapshot without its header line")
     try:
         obj = orjson.loads(data[: nl - 1] + b"}")
     except orjson.JSONDecodeError as exc:
@@ -171,7 +179,7 @@ def _frame(data: bytes, cut: int) -> dict[str, Any] | SnapshotError:
     live_len = sizes.get("claims") if isinstance(sizes, dict) else None
     ended_len = sizes.get("ended") if isinstance(sizes, dict) else None
     if type(live_len) is not int or type(ended_len) is not int or min(live_len, ended_len) < 0:
-        return SnapshotError("format 3 without the byte lengths of its sections")
+        return SnapshotError("a claim-a-line snapshot without the byte lengths of its sections")
     start = nl - 1 + len(_CLAIMS_OPEN)
     live_end = start + live_len
     ended_start = live_end + len(_ENDED_OPEN)
@@ -179,7 +187,7 @@ def _frame(data: bytes, cut: int) -> dict[str, Any] | SnapshotError:
     if (data[nl - 1 : start] != _CLAIMS_OPEN or data[live_end:ended_start] != _ENDED_OPEN
             or data[ended_end : ended_end + len(_SECTION_CLOSE)] != _SECTION_CLOSE
             or ended_end + len(_SECTION_CLOSE) > cut):
-        return SnapshotError("format 3 sections are not where its header says")
+        return SnapshotError("the claim sections are not where the header says")
     rest = data[ended_end + len(_SECTION_CLOSE) : cut]
     obj["claims"], obj["_live"], obj["_ended"] = {}, (start, live_end), (ended_start, ended_end)
     if rest:
@@ -193,7 +201,7 @@ def _frame(data: bytes, cut: int) -> dict[str, Any] | SnapshotError:
 
 
 def _checked(obj: dict[str, Any], data: bytes) -> Snapshot:
-    """The snapshot of a parsed (format 1/2) or framed (format 3) object, its members checked."""
+    """The snapshot of a parsed (format 1/2) or framed (3/4) object, its members checked."""
     packed = obj["format"] != 1
     seq, offset, fence = obj.get("seq"), obj.get("offset"), obj.get("fence")
     head, origin, claims = obj.get("head"), obj.get("origin"), obj.get("claims")
@@ -222,10 +230,12 @@ def _checked(obj: dict[str, Any], data: bytes) -> Snapshot:
     for task, entry in tasks.items():
         if not isinstance(entry, dict) or entry.get("task") != task:
             raise SnapshotError(f"task entry {task!r} is malformed")
-    if obj["format"] == SNAPSHOT_FORMAT:
+    if obj["format"] in _LINE_FORMATS:
         if "_live" not in obj:
-            raise SnapshotError("format 3 that is not laid out a claim a line (reformatted?)")
+            raise SnapshotError("a claim-a-line snapshot that is not laid out a claim a line "
+                                "(reformatted?)")
         table = SnapshotClaims.over(data, obj["_live"], obj["_ended"], identities)
+        table._rewrite = obj["format"] != SNAPSHOT_FORMAT  # (3: re-encoded once, as 4)
     else:
         table = SnapshotClaims(claims)
         table._identities = identities

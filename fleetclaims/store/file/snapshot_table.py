@@ -1,9 +1,9 @@
 """The claim table of a loaded snapshot, and the packed form of its entries.
 
-Format 3 of ``claims.json`` writes one claim a line, live claims and ended ones in two sections,
+Format 4 of ``claims.json`` writes one claim a line, live claims and ended ones in two sections,
 each sorted by the task's JSON-encoded name::
 
-    {"format":3,"seq":..,"offset":..,"head":..,"origin":..,"fence":..,"identities":[..],
+    {"format":4,"seq":..,"offset":..,"head":..,"origin":..,"fence":..,"identities":[..],
     "claims":{
     "issue-42":{"owner":"agent-a","fence":1,"phase":"working","expires_at":..,..},
     "issue-43":{..}
@@ -18,7 +18,9 @@ and only the entries a process touches become ``Claim`` objects. A checkpoint co
 of lines nobody changed and encodes only the changed entries (``encode_sections``); the table
 then re-bases on the bytes it wrote, so ended claims leave the hot state again.
 
-Format 2 (one JSON object, entries as dicts) is still read: its entries stay dicts until used.
+Formats 1 and 2 (one JSON object, entries as dicts) are still read: their entries stay dicts
+until used. Format 3 is format 4 with the identity number anywhere in a line (read as is,
+re-encoded whole by the first checkpoint).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import orjson
 
 from ...core.errors import RegistryCorrupt
 from ...core.model import DEFAULT_PHASE, LISTING_BASE, Claim
+from ...core.ports import ClaimView
 from ...core.state import ClaimTable
 
 SEP = b",\n"
@@ -41,7 +44,8 @@ _PACK_DEFAULTS: dict[str, Any] = {"state": "active", "priority": 100}
 # (phase: snapshots written before #15 leave out "working")
 _UNPACK_BASE: dict[str, Any] = {"task": None, "phase": DEFAULT_PHASE, **_PACK_DEFAULTS}
 _PACKED_LISTING_BASE = {**_UNPACK_BASE, **LISTING_BASE}
-_IDENTITY_REF = re.compile(rb'"identity":(-?\d+)')
+# A line's identity number: its last member (see _line); nothing nested can end a line so.
+_IDENTITY_REF = re.compile(rb',"identity":(-?\d+)\}(?=,\n|\Z)')
 _LIVE_STATES = ("active", "expired")
 
 Section = tuple[int, int]  # [start, end) of a section's lines in the snapshot bytes
@@ -99,43 +103,59 @@ class Packer:
             self._index.setdefault(orjson.dumps(ident), len(self.identities))
             self.identities.append(ident)
 
-    def pack(self, task: str, entry: dict[str, Any]) -> dict[str, Any]:
-        packed = dict(entry)
-        packed.pop("task", None)
-        for name, default in _PACK_DEFAULTS.items():
-            if name in packed and _same(packed[name], default):
-                del packed[name]
-        renewed = packed.get("renewed_at")
-        if renewed is not None and _same(renewed, packed.get("claimed_at")):
-            del packed["renewed_at"]
-        retired = packed.get("retired")
-        if packed.get("state") == "released" and type(retired) is list and retired:
-            # A released claim's last former grant is itself, retired when it ended (~230
-            # bytes of copies): written as its cause only when it is exactly that.
-            last = retired[-1]
-            if type(last) is dict and last.get("cause") in ("released", "completed"):
-                own = _own_grant(packed, last["cause"])
-                if len(last) == len(own) and all(_same(last.get(k), v) for k, v in own.items()):
-                    packed["retired"] = [*retired[:-1], last["cause"]]
-        ident = packed.get("identity")
-        if type(ident) is int:
-            # Damaged (an index no identity table resolved): kept unusable, so that no
-            # identity appended later can make it name a process it did not name.
-            packed["identity"] = -1
-        elif ident is not None:
-            key = orjson.dumps(ident)
-            at = self._index.get(key)
-            if at is None:
-                at = self._index[key] = len(self.identities)
-                self.identities.append(ident)
-            packed["identity"] = at
-            self.used[at] += 1
-        return packed
+    def number(self, ident: Any) -> int:
+        """The number of identity ``ident`` in this table (appended when new)."""
+        key = orjson.dumps(ident)
+        at = self._index.get(key)
+        if at is None:
+            at = self._index[key] = len(self.identities)
+            self.identities.append(ident)
+        self.used[at] += 1
+        return at
 
     def line(self, task: str, entry: dict[str, Any]) -> tuple[bytes, bool]:
         """(the section line of ``entry``, whether it belongs to the live section)."""
         live = entry.get("state", "active") in _LIVE_STATES
-        return orjson.dumps(task) + b":" + orjson.dumps(self.pack(task, entry)), live
+        packed = strip(entry)
+        ident = packed.pop("identity", None)
+        if isinstance(ident, dict):
+            ident = self.number(ident)
+        return _line(task, packed, ident), live
+
+
+def strip(entry: dict[str, Any]) -> dict[str, Any]:
+    """A persisted claim dict packed, but for its identity number (an identity is left as it
+    is; a number no table resolved, damage, becomes -1: kept unusable, so that no identity
+    appended later can make it name a process it did not name)."""
+    packed = dict(entry)
+    packed.pop("task", None)
+    for name, default in _PACK_DEFAULTS.items():
+        if name in packed and _same(packed[name], default):
+            del packed[name]
+    renewed = packed.get("renewed_at")
+    if renewed is not None and _same(renewed, packed.get("claimed_at")):
+        del packed["renewed_at"]
+    retired = packed.get("retired")
+    if packed.get("state") == "released" and type(retired) is list and retired:
+        # A released claim's last former grant is itself, retired when it ended (~230 bytes
+        # of copies): written as its cause only when it is exactly that.
+        last = retired[-1]
+        if type(last) is dict and last.get("cause") in ("released", "completed"):
+            own = _own_grant(packed, last["cause"])
+            if len(last) == len(own) and all(_same(last.get(k), v) for k, v in own.items()):
+                packed["retired"] = [*retired[:-1], last["cause"]]
+    if type(packed.get("identity")) is int:
+        packed["identity"] = -1
+    return packed
+
+
+def _line(task: str, packed: dict[str, Any], ident: Any) -> bytes:
+    """``"task":{packed...,"identity":N}`` (the identity number last: see encode_all)."""
+    body = orjson.dumps(packed)
+    if ident is None:
+        return orjson.dumps(task) + b":" + body
+    member = b'"identity":' + str(int(ident)).encode() + b"}"
+    return orjson.dumps(task) + b":" + body[:-1] + (b"," if len(body) > 2 else b"") + member
 
 
 def find_line(data: bytes, section: Section, probe: bytes) -> tuple[int, int, bool]:
@@ -192,10 +212,10 @@ class SnapshotClaims(ClaimTable):
     Layers, first match wins: ``_claims`` (set since the load: what a checkpoint encodes),
     ``_gone`` (removed by a prune), ``_raw`` (format 1/2 entries as read: packed dicts without
     "task", or persisted dicts), ``_hot`` (decoded copies of unchanged lines), and the lines
-    of ``_data`` (format 3), found by binary search."""
+    of ``_data`` (formats 3/4), found by binary search."""
 
     __slots__ = ("_count", "_data", "_ended", "_gone", "_hot", "_identities", "_live",
-                 "_refs")
+                 "_refs", "_rewrite")
 
     def __init__(self, raw: dict[str, Any] | None = None) -> None:
         super().__init__(raw)
@@ -207,6 +227,7 @@ class SnapshotClaims(ClaimTable):
         self._hot: dict[str, Claim] = {}
         self._count = -1  # lines in _data (counted when first asked)
         self._refs: Counter[int] | None = None  # identity numbers the lines of _data use
+        self._rewrite = False  # lines of an older layout: the next checkpoint encodes all
 
     @classmethod
     def over(cls, data: bytes, live: Section, ended: Section,
@@ -339,21 +360,6 @@ class SnapshotClaims(ClaimTable):
         for _ in self.converted():
             pass
 
-    def entry(self, task: str) -> dict[str, Any] | None:
-        claim = self._claims.get(task)
-        if claim is not None:
-            return claim.to_dict(compact=True)
-        if task in self._gone:
-            return None
-        raw = self._raw.get(task)
-        if raw is not None:
-            return unpack(task, raw, self._identities) if "task" not in raw else raw
-        at = self._locate(task)
-        if at is None:
-            return None
-        found = parse_line(self._data[at[1] : at[2]])[1]
-        return unpack(task, found, self._identities) if type(found) is dict else found
-
     def _entries(self) -> Iterator[tuple[str, dict[str, Any], bool]]:
         """(task, entry, packed) of every entry not shadowed by a change: _raw's, then the
         lines of _data (packed)."""
@@ -413,22 +419,22 @@ class SnapshotClaims(ClaimTable):
         clone._raw = dict(self._raw)
         clone._hot = dict(self._hot)
         clone._gone = set(self._gone)
-        clone._count, clone._refs = self._count, self._refs
+        clone._count, clone._refs, clone._rewrite = self._count, self._refs, self._rewrite
         return clone
 
     # --- encoding ------------------------------------------------------------------------------
 
     def incremental(self) -> bool:
         """Whether a checkpoint can copy this table's unchanged lines as they are."""
-        return bool(self._data) and not self._raw
+        return bool(self._data) and not self._raw and not self._rewrite
 
     def refs(self) -> Counter[int]:
-        """How many lines of _data name each identity number (a "identity":N inside metadata
-        counts too: that only keeps an identity one checkpoint longer)."""
+        """How many lines of _data name each identity number."""
         if self._refs is None:
             refs: Counter[int] = Counter()
             for start, end in (self._live, self._ended):
-                refs.update(int(n) for n in _IDENTITY_REF.findall(self._data, start, end))
+                found = Counter(_IDENTITY_REF.findall(self._data, start, end))
+                refs.update({int(n): k for n, k in found.items()})
             self._refs = refs
         return self._refs
 
@@ -440,33 +446,38 @@ class SnapshotClaims(ClaimTable):
         self._data, self._live, self._ended = data, live, ended
         self._identities = identities
         self._claims, self._raw, self._gone, self._hot = {}, {}, set(), hot
-        self._count, self._refs = -1, refs
+        self._count, self._refs, self._rewrite = -1, refs, False
+
+
+Pieces = list[bytes | memoryview]  # a section's bytes, in order, to join once
 
 
 def _runs(data: bytes, section: Section, cuts: list[tuple[int, int]],
-          inserts: list[tuple[int, bytes]]) -> list[bytes]:
+          inserts: list[tuple[int, bytes]]) -> Pieces:
     """The pieces of a section after removing the lines at ``cuts`` ((start, content end))
     and adding ``inserts`` ((position, line), position a line start or the section end):
-    unchanged runs of lines are copied as one slice each. Joined with SEP by the caller."""
+    unchanged runs of lines are views of ``data`` (copied once, when the file is joined),
+    with SEP between the pieces."""
     start, end = section
+    view = memoryview(data)
     ops = sorted([(pos, 0, line, 0) for pos, line in inserts] +
                  [(ls, 1, b"", ce) for ls, ce in cuts], key=lambda o: (o[0], o[1], o[2]))
-    pieces: list[bytes] = []
+    pieces: Pieces = []
     cursor = start
     for pos, kind, line, ce in ops:
         if pos > cursor:
-            pieces.append(data[cursor : pos - len(SEP) if pos < end else end])
+            pieces += [view[cursor : pos - len(SEP) if pos < end else end], SEP]
             cursor = pos
         if kind == 0:
-            pieces.append(line)
+            pieces += [line, SEP]
         else:
             cursor = ce + len(SEP) if ce < end else end
     if cursor < end:
-        pieces.append(data[cursor:end])
-    return pieces
+        pieces += [view[cursor:end], SEP]
+    return pieces[:-1]
 
 
-def encode_sections(table: SnapshotClaims, packer: Packer) -> tuple[bytes, bytes, Counter[int]]:
+def encode_sections(table: SnapshotClaims, packer: Packer) -> tuple[Pieces, Pieces, Counter[int]]:
     """(live section, ended section, identity references) of ``table`` by copying its
     unchanged lines and encoding only its changed entries (``table.incremental()``)."""
     data = table._data
@@ -494,20 +505,62 @@ def encode_sections(table: SnapshotClaims, packer: Packer) -> tuple[bytes, bytes
     out = []
     for section, live in ((table._live, True), (table._ended, False)):
         placed = [(find_line(data, section, probe)[0], line) for probe, line in inserts[live]]
-        out.append(SEP.join(_runs(data, section, cuts[section], placed)))
+        out.append(_runs(data, section, cuts[section], placed))
     return out[0], out[1], +refs
 
 
-def encode_all(table: ClaimTable, packer: Packer) -> tuple[bytes, bytes, Counter[int]]:
+def renumber(live: Pieces, ended: Pieces, identities: list[Any]
+             ) -> tuple[Pieces, Pieces, Counter[int], list[Any]]:
+    """The sections with the identities no line names dropped, the others numbered in the
+    order of their JSON text, and numbers no table resolves (damage) made -1: one pass of
+    substitution over the lines' last members, no line parsed."""
+    joined = [b"".join(live), b"".join(ended)]
+    used: set[int] = set()
+    for section in joined:
+        used.update(int(n) for n in set(_IDENTITY_REF.findall(section)))
+    kept = sorted((i for i in used if 0 <= i < len(identities)),
+                  key=lambda i: orjson.dumps(identities[i]))
+    new = {str(old).encode(): str(at).encode() for at, old in enumerate(kept)}
+    refs: Counter[int] = Counter()
+
+    def sub(match: re.Match[bytes]) -> bytes:
+        at = new.get(match.group(1), b"-1")
+        refs[int(at)] += 1
+        return b',"identity":' + at + b"}"
+
+    out = [_IDENTITY_REF.sub(sub, section) for section in joined]
+    return [out[0]], [out[1]], +refs, [identities[i] for i in kept]
+
+
+def encode_all(table: ClaimView, packer: Packer) -> tuple[Pieces, Pieces, Counter[int]]:
     """(live section, ended section, identity references) of a claim table, every entry
-    packed afresh (format 1/2 loads, fresh tables, and identity clean-ups). Entries are packed
-    one at a time in task order, so identity numbers are a function of the content alone and
-    no more than one entry's dict is held at a time."""
-    lines: dict[bool, list[bytes]] = {True: [], False: []}
-    for task in table.tasks():
-        entry = table.entry(task)
-        if entry is not None:
-            line, live = packer.line(task, entry)
-            lines[live].append(line)
-    return (SEP.join(sorted(lines[True])), SEP.join(sorted(lines[False])),
-            Counter(packer.used))
+    packed afresh (format 1/2 loads, fresh tables, and identity clean-ups), each entry read
+    once. The identities are numbered in the order of their JSON text, so the numbers are a
+    function of the content alone, whatever order the entries come in."""
+    pending: dict[bool, list[tuple[str, dict[str, Any], Any]]] = {True: [], False: []}
+    found: dict[bytes, Any] = {}
+    for task, entry in table.raw_items():
+        if type(entry) is not dict:
+            continue
+        packed = strip(entry)
+        ident = packed.pop("identity", None)
+        if isinstance(ident, dict):
+            key = orjson.dumps(ident)
+            found.setdefault(key, ident)
+            ident = key
+        pending[entry.get("state", "active") in _LIVE_STATES].append((task, packed, ident))
+    for key in sorted(found):
+        packer.number(found[key])
+    packer.used.clear()
+    number = {key: i for i, key in enumerate(sorted(found))}
+    sections: list[Pieces] = []
+    for live in (True, False):
+        lines = []
+        for task, packed, ident in pending[live]:
+            if type(ident) is bytes:
+                ident = number[ident]
+                packer.used[ident] += 1
+            lines.append(_line(task, packed, ident))
+        lines.sort()
+        sections.append([SEP.join(lines)])
+    return sections[0], sections[1], Counter(packer.used)

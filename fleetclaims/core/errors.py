@@ -312,8 +312,10 @@ class AuditCorrupt(RegistryCorrupt):
         super().__init__(
             path,
             f"audit journal broken at seq {seq}, byte offset {offset}: {reason}",
-            hint="Nothing was written. Run `fleetclaims audit verify` for details and "
-            "`fleetclaims doctor --fix` to salvage the verified prefix (the rest is quarantined).",
+            hint="Nothing was written (reads still show the verified state). Run `fleetclaims "
+            "audit verify` for details and `fleetclaims doctor --fix` to repair: it keeps every "
+            "line that still verifies and names what the damaged bytes held (kept in "
+            "quarantine).",
         )
 
 

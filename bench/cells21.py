@@ -36,7 +36,11 @@ else:
     db = SqliteRegistry(os.path.join(path, "claims.db"), synchronous="FULL")
     db.claim("fresh-%d" % os.getpid(), owner="fresh", ttl=600)
 ms = (time.perf_counter() - t) * 1e3
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+try:  # this process's peak (ru_maxrss would carry the forking parent's over the exec)
+    with open("/proc/self/status") as f:
+        rss = next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
+except (OSError, StopIteration):
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({{"first_write_ms": ms, "rss_mb": rss}}))
 os._exit(0)  # (no settle on the way out: the next window starts from a settled registry)
 """

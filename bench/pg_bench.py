@@ -14,15 +14,16 @@ one transaction of one conditional upsert (claim: insert or take over a row that
 release: end the row if the token matches) and one audit insert that takes its sequence number
 from a one-row counter (so writers serialise on one row, as fleetclaims' head row serialises
 them: a gap-free journal). Variants (``--peers``): ``bare`` (psycopg's defaults: statements
-prepared after 5 runs), ``unprepared`` (nothing prepared, as fleetclaims runs for PgBouncer's
-sake), ``advisory`` (serialised on a transaction advisory lock and a sequence instead of the
-counter row).
+prepared after 5 runs), ``unprepared`` (nothing prepared, as fleetclaims runs through a pooler
+such as PgBouncer; connected directly it prepares its statements too), ``advisory``
+(serialised on a transaction advisory lock and a sequence instead of the counter row).
 
 Systems run interleaved, round after round (in ABBA order), so a noisy machine hurts them
-alike; medians with
-the [min-max] range over the rounds, and the median of the per-round ratios fleetclaims/bare.
-The PostgreSQL server is a throwaway one started here (tests/pg_server.py: fsync on,
-127.0.0.1 only), unless --url names an existing database.
+alike; medians with the [min-max] range over the rounds, and the median of the per-round
+ratios fleetclaims/bare, with the load average before and after each line (the machine may be
+shared: under load both sides wait on the disk's flushes and the ratio rises; on a quiet
+machine CPU per operation decides). The PostgreSQL server is a throwaway one started here
+(tests/pg_server.py: fsync on, 127.0.0.1 only), unless --url names an existing database.
 """
 
 from __future__ import annotations

@@ -91,6 +91,16 @@ def direct(conn: psycopg.Connection[Any]) -> bool:
     return row is not None and int(row[0]) == conn.info.backend_pid
 
 
+def prepare(conn: psycopg.Connection[Any], statements: str) -> bool:
+    """Run ``statements`` (PREPAREs) when ``conn`` is a session of its own; whether it is."""
+    if not direct(conn):
+        return False
+    batch = Batch(conn)
+    batch.add(statements)
+    batch.run()
+    return True
+
+
 class Batch:
     """Statements sent as one message and answered together (one round trip).
 

@@ -10,13 +10,13 @@ import orjson
 import psycopg
 
 from ...core.chain import ChainError
-from ...core.errors import RegistryCorrupt
+from ...core.errors import RegistryCorrupt, ValidationError
 from ...core.model import GENESIS
 from ...core.ports import ClaimView
 from ...core.state import State
 from ..base import VerifyReport
 from ..file.journal import apply_checked, check_link, parse_line
-from .tables import PgTaskView
+from .tables import PgClaimView, PgTaskView, Rows
 
 
 def audit_row(event: dict[str, Any], digest: str, line: str) -> tuple[Any, ...]:
@@ -104,3 +104,27 @@ def copy_lines(conn: psycopg.Connection[Any], copy_sql: str, state: State,
             apply_checked(state, event, offset, where)
             copy.write_row(audit_row(event, state.head, line.decode()))
             offset += len(line) + 1
+
+
+def import_journal(conn: psycopg.Connection[Any], rows: Rows, lines: Iterable[bytes],
+                   location: str) -> int:
+    """Store already-sealed lines (verbatim) into an empty registry, in one transaction, with
+    the claim and task rows they leave and the head; returns the last seq."""
+    sql = rows.sql
+    with conn.transaction():
+        row = conn.execute(sql.head_lock).fetchone()
+        count = conn.execute(sql.audit_count).fetchone()
+        if row is None or int(row[0]) != 0 or (count and int(count[0]) != 0):
+            raise ValidationError(
+                "target", f"{location} already holds a registry; migrate into an empty schema")
+        table = PgClaimView(rows, complete=True)
+        tasks = PgTaskView(rows, complete=True)
+        state = State(table, tasks=tasks)
+        copy_lines(conn, sql.audit_copy, state, lines, f"{location} (import)")
+        upserts = [claim_row(table, task) for task in sorted(table.dirty)]
+        if upserts:
+            conn.cursor().executemany(sql.claim_upsert, upserts)
+        if tasks.dirty:
+            conn.cursor().executemany(sql.task_upsert, task_rows(tasks))
+        conn.execute(sql.head_update, (state.seq, state.head, state.fence, state.origin))
+    return state.seq

@@ -4,14 +4,10 @@ Beside it: ``schema.py`` (schema, statements), ``tables.py`` (the views the core
 ``connection.py`` (bounded waits, typed errors), ``journal.py`` (rows), ``foresight.py``.
 
 One operation is one transaction of two round trips, the core deciding in between (the one
-decision path; nothing of the rules in SQL): (1) BEGIN, this transaction's limits (SET LOCAL),
-the head row locked (it serialises writers) with the server's clock, and the rows the decision
-is expected to read; (2) the sealed audit rows, the changed claim and task rows, the head,
-COMMIT. Measured and not taken (README): psycopg's pipeline mode (more client CPU than the
-round trips it saves on a local server), named prepared statements (unsafe behind PgBouncer <
-1.21 and one message per statement), server-side functions running both round trips' statements
-with cached plans (2x the server time), an advisory lock instead of the head row (the head row
-is updated anyway); not built: sealing server-side (a second chain in SQL, no trip saved).
+decision path; nothing of the rules in SQL): (1) BEGIN, this transaction's limits and the head
+row locked (it serialises writers) with the server's clock, and the rows the decision is
+expected to read; (2) the sealed audit rows, the changed claim and task rows, the head, COMMIT.
+What was measured and taken or not: README (PostgreSQL) and bench/README.md.
 
 No ambiguous outcome reaches the caller. Nothing can commit before round trip 2 is sent, so a
 connection lost before then is retried while the ``lock_timeout`` budget lasts, then reported
@@ -37,12 +33,7 @@ import psycopg
 
 from ...core import events as ev
 from ...core.chain import envelope, seal
-from ...core.errors import (
-    FleetclaimsError,
-    RegistryCorrupt,
-    StoreUnavailable,
-    ValidationError,
-)
+from ...core.errors import FleetclaimsError, RegistryCorrupt, StoreUnavailable
 from ...core.model import GENESIS, Claim, Now
 from ...core.rules import Decision
 from ...core.state import State
@@ -50,22 +41,15 @@ from ...system import Clock, SystemClock
 from ..base import SCHEMA_MIGRATIONS, SERVER_CLOCK, SHARED, Capabilities, Decide, VerifyReport
 from ..file.faults import crash_point
 from . import connection as pgc
+from . import schema as pgs
 from .foresight import foresee
-from .journal import audit_row, claim_object, claim_row, copy_lines, task_rows, verify_chain
-from .schema import (
-    DEFAULT_SCHEMA,
-    SCHEMA_VERSION,
-    Queries,
-    check_version,
-    describe,
-    installed_version,
-    migrate,
-    parse_location,
-)
+from .journal import audit_row, claim_object, claim_row, import_journal, task_rows, verify_chain
+from .schema import DEFAULT_SCHEMA, SCHEMA_VERSION, Queries, describe, parse_location
 from .tables import PgClaimView, PgTaskView
 
 PAGE = 2000  # audit rows fetched per round trip when streaming the journal
 MAX_ATTEMPTS = 5  # safe retries of one operation (nothing committed) before giving up
+PREPARE_AFTER = 3  # a connection's statements are prepared before its third write
 CACHE_MAX = 10_000  # claims kept per process between operations (re-checked by seq and eid)
 
 #: where tests may crash the server or lose the connection (``faults.set_crash_hook``)
@@ -125,6 +109,7 @@ class PostgresStore:
         self.sql = Queries(self._s)
         self._prepares, self._fast = self.sql.prepared()
         self._q = self.sql  # the write transaction's statements on this connection
+        self._writes = 0  # write transactions begun on this connection
 
     # --- connections -------------------------------------------------------------------------
 
@@ -172,7 +157,6 @@ class PostgresStore:
         try:
             if not self._schema_ok:  # (checked again on every new connection until it passes)
                 self._ensure_schema(conn)
-            self._prepare(conn)
         except psycopg.Error as exc:
             self._drop_connection()
             raise self._typed(exc) from None
@@ -183,16 +167,23 @@ class PostgresStore:
             self._watchdog.disarm()
         return conn
 
-    def _prepare(self, conn: psycopg.Connection[Any]) -> None:
-        """On a connection that is its own server session, prepare the write transaction's
-        statements (parsed and planned once instead of on every operation: the larger part of
-        the server's time per operation). Through a pooler (PgBouncer in transaction mode) the
-        next transaction may run in another session: nothing is prepared there."""
-        if pgc.direct(conn):
-            batch = pgc.Batch(conn)
-            batch.add(self._prepares)
-            batch.run()
-            self._q = self._fast
+    def _prepare(self, conn: psycopg.Connection[Any], deadline: float) -> None:
+        """Before the PREPARE_AFTER-th write on a connection that is its own server session,
+        prepare the write transaction's statements (parsed and planned once instead of on
+        every operation: the larger part of the server's time per operation; a short command
+        writing once does not pay for it). Through a pooler (PgBouncer in transaction mode)
+        the next transaction may run in another session: nothing is prepared there."""
+        self._writes += 1
+        if self._writes != PREPARE_AFTER:
+            return
+        self._watchdog.arm(conn, deadline + pgc.GRACE_S)
+        try:
+            if pgc.prepare(conn, self._prepares):
+                self._q = self._fast
+        except psycopg.Error:
+            self._drop_connection()  # (nothing was written: the caller connects again)
+        finally:
+            self._watchdog.disarm()
 
     def _typed(self, exc: psycopg.Error) -> FleetclaimsError:
         if self._watchdog.fired:
@@ -204,6 +195,7 @@ class PostgresStore:
 
     def _drop_connection(self) -> None:
         self._q = self.sql
+        self._writes = 0
         conn, self._conn = self._conn, None
         if conn is not None and self._pid == os.getpid():
             with contextlib.suppress(psycopg.Error):
@@ -221,10 +213,10 @@ class PostgresStore:
     # --- schema ------------------------------------------------------------------------------
 
     def _ensure_schema(self, conn: psycopg.Connection[Any]) -> None:
-        version = installed_version(conn, self._s)
-        check_version(version, self.schema, self.location)
+        version = pgs.installed_version(conn, self._s)
+        pgs.check_version(version, self.schema, self.location)
         if version < SCHEMA_VERSION:
-            migrate(conn, self.schema, self.location)
+            pgs.migrate(conn, self.schema, self.location)
         self._schema_ok = True
 
     def migrate_schema(self) -> int:
@@ -232,7 +224,7 @@ class PostgresStore:
         Safe to run concurrently (an advisory lock serialises migrations)."""
         with self._mutex:
             conn = self._connection()
-            version = migrate(conn, self.schema, self.location)
+            version = pgs.migrate(conn, self.schema, self.location)
             self._schema_ok = True
             return version
 
@@ -249,6 +241,9 @@ class PostgresStore:
             while True:
                 attempt += 1
                 conn = self._connection(deadline)
+                self._prepare(conn, deadline)
+                if self._conn is not conn:  # lost while preparing
+                    conn = self._connection(deadline)
                 try:
                     return self._attempt(conn, decide, deadline)
                 except _Retry as retry:
@@ -587,31 +582,12 @@ class PostgresStore:
             conn = self._connection()
             self._in_txn = True
             try:
-                with conn.transaction():
-                    row = conn.execute(self.sql.head_lock).fetchone()
-                    count = conn.execute(self.sql.audit_count).fetchone()
-                    if row is None or int(row[0]) != 0 or (count and int(count[0]) != 0):
-                        raise ValidationError(
-                            "target", f"{self.location} already holds a registry; migrate into "
-                            "an empty schema")
-                    table = PgClaimView(self, complete=True)
-                    tasks = PgTaskView(self, complete=True)
-                    state = State(table, tasks=tasks)
-                    copy_lines(conn, self.sql.audit_copy, state, lines,
-                               f"{self.location} (import)")
-                    upserts = [claim_row(table, task) for task in sorted(table.dirty)]
-                    if upserts:
-                        conn.cursor().executemany(self.sql.claim_upsert, upserts)
-                    if tasks.dirty:
-                        conn.cursor().executemany(self.sql.task_upsert, task_rows(tasks))
-                    conn.execute(self.sql.head_update,
-                                 (state.seq, state.head, state.fence, state.origin))
+                return import_journal(conn, self, lines, self.location)
             except psycopg.Error as exc:
                 self._abandon(conn)
                 raise self._typed(exc) from None
             finally:
                 self._in_txn = False
-            return state.seq
 
 
 __all__ = ["DEFAULT_SCHEMA", "SCHEMA_VERSION", "PgClaimView", "PgTaskView", "PostgresStore",

@@ -19,7 +19,7 @@ from fc_support import run_python
 import fleetclaims
 from fleetclaims.cli.output import EXIT_DAMAGED, EXIT_OK
 from fleetclaims.core.errors import ArchiveMismatch, AuditCorrupt
-from fleetclaims.store.file import archive, segments
+from fleetclaims.store.file import archive, preseal, segments
 from fleetclaims.store.file.faults import CRASH_POINTS
 
 pytestmark = pytest.mark.unit
@@ -39,6 +39,7 @@ def _build(d: Path, n: int = 200) -> None:
 def small(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(segments, "SEGMENT_BYTES", 16_000)
     monkeypatch.setattr(segments, "BLOCK", 2_000)
+    monkeypatch.setattr(preseal, "ENABLED", False)  # (rotations inline: deterministic files)
 
 
 def all_seqs(d: Path, archived: Path) -> list[int]:
@@ -89,8 +90,9 @@ def _cli(d: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 def test_cli_archive_and_a_mismatching_archive(tmp_path: Path) -> None:
     d, out = tmp_path / "r", tmp_path / "cold"
-    proc = run_python("import sys\nfrom fleetclaims.store.file import segments\n"
-                      "segments.SEGMENT_BYTES = 16000\nsys.path.insert(0, sys.argv[2])\n"
+    proc = run_python("import sys\nfrom fleetclaims.store.file import preseal, segments\n"
+                      "segments.SEGMENT_BYTES = 16000\npreseal.ENABLED = False\n"
+                      "sys.path.insert(0, sys.argv[2])\n"
                       "from test_archive import _build\n_build(__import__('pathlib').Path("
                       "sys.argv[1]))\n", str(d), str(Path(__file__).parent))
     assert proc.returncode == 0, proc.stderr

@@ -21,7 +21,7 @@ from fc_support import claims_view, replay, run_python
 
 import fleetclaims
 from fleetclaims.core.errors import AuditCorrupt, SegmentDamaged
-from fleetclaims.store.file import doctor, segments
+from fleetclaims.store.file import doctor, preseal, segments, verify_par
 from fleetclaims.store.file.faults import CRASH_POINTS
 
 pytestmark = pytest.mark.unit
@@ -51,10 +51,14 @@ def _work(reg: fleetclaims.Registry, n: int, prefix: str = "t") -> None:
 @pytest.fixture(params=["inline", "prefetch"])
 def small(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     """Small segments and blocks; each test twice: segments read inline, and decompressed
-    ahead by the helper thread (errors handed over to the reader)."""
+    ahead by the helper thread (errors handed over to the reader) and verified by workers."""
     monkeypatch.setattr(segments, "SEGMENT_BYTES", 16_000)
     monkeypatch.setattr(segments, "BLOCK", 2_000)
     monkeypatch.setattr(segments, "PREFETCH_MIN", 1 << 40 if request.param == "inline" else 0)
+    # (and verify checks the segments in worker processes: verify_par). Rotations seal
+    # inline: a helper finishing later would change the files under a test's feet.
+    monkeypatch.setattr(preseal, "ENABLED", False)
+    monkeypatch.setattr(verify_par, "PAR_MIN", 1 << 62 if request.param == "inline" else 0)
 
 
 def test_the_journal_rotates_and_reads_across_segments(tmp_path: Path, small: None) -> None:
@@ -252,8 +256,6 @@ def test_a_helper_seals_the_bulk_outside_the_lock(tmp_path: Path, small: None,
     """Past the threshold a writer only spawns the helper; once it has sealed the bulk, the
     next writer's rotation seals just the lines appended since (a small segment)."""
     import time
-
-    from fleetclaims.store.file import preseal
 
     monkeypatch.setattr(preseal, "ENABLED", True)
     d = tmp_path / "r"

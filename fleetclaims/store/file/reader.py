@@ -14,6 +14,7 @@ but zeros after it is damage (``junk``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -461,9 +462,47 @@ def verify_fd(
 
 def _verify(fd: int, path: str, progress: Callable[[int, int], None] | None,
             anchor: tuple[int, int, str] | None) -> VerifyReport:
-    size = os.fstat(fd).st_size
     reader = JournalReader(fd, path, from_anchor=True)
+    pending = None
+    if path:  # large sealed segments: verified by worker processes meanwhile (verify_par)
+        from . import verify_par
+
+        pending = verify_par.start(Path(path).parent, fd)
+    if pending is None:
+        return _verify_from(reader, progress, anchor, None if anchor is None else False)
+    # The active journal from its own first line, while the workers check the segments; the
+    # junction (its first line follows their last) is checked when both are done.
+    first = next(iter_lines(fd, 0), None)
+    start: tuple[int, str] | None = None
+    if first is not None and first[2] and (seq := seq_of(first[1])) is not None:
+        with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+            start = (seq - 1, str(orjson.loads(first[1]).get("prev")))
+    sealed = None
+    if start is None:  # an empty journal: it starts where the segments end
+        sealed = pending.finish()
+        reader.seq, reader.prev = sealed.seq, sealed.prev
+    else:
+        reader.seq, reader.prev = start
     anchor_ok: bool | None = None if anchor is None else False
+    if anchor is not None and anchor[0] == reader.seq:
+        anchor_ok = anchor[1] == 0 and anchor[2] == reader.prev
+    active = _verify_from(reader, progress, anchor, anchor_ok)
+    sealed = sealed or pending.finish()
+    if sealed.damage is not None:
+        return VerifyReport(False, sealed.count, 0, sealed.prev, sealed.damage[1],
+                            sealed.damage[0], 0, active.anchor_ok)
+    if start is not None and start != (sealed.seq, sealed.prev):
+        return VerifyReport(False, sealed.count, 0, sealed.prev, "the first line of the "
+                            "journal does not follow the last sealed segment (seq or prev hash)",
+                            sealed.seq + 1, 0, active.anchor_ok)
+    return VerifyReport(active.ok, active.events + sealed.count, active.bytes, active.head,
+                        active.error, active.seq, active.offset, active.anchor_ok,
+                        active.torn_tail)
+
+
+def _verify_from(reader: JournalReader, progress: Callable[[int, int], None] | None,
+                 anchor: tuple[int, int, str] | None, anchor_ok: bool | None) -> VerifyReport:
+    size = os.fstat(reader.fd).st_size
     count = 0
     while True:
         for offset, _, digest in reader.links():

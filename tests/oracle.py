@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetclaims.core import events as ev
+
 GRANTS = {"claim_created", "claim_recovered", "claim_preempted", "claim_handed_off"}
 ENDS = {"claim_released", "claim_released_forced", "claim_completed"}
 # Events that stand for an acknowledged client operation (bookkeeping excluded).
@@ -29,10 +31,18 @@ def read_journal(directory: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines[:-1]]
 
 
+def _filled(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events with a compact renewal's holder (owner, fence) filled in from the events
+    before it (events.fill_renewal): it renews whoever holds the task."""
+    holders: dict[str, tuple[Any, Any]] = {}
+    return [ev.fill_renewal(e, holders) for e in events]
+
+
 def check(events: list[dict[str, Any]]) -> OracleReport:
     """No two live holders of a task at any seq, fences strictly increasing, seq contiguous,
     each event's prev is the hash of the one before."""
     report = OracleReport(events)
+    events = _filled(events)
     last_fence = 0
     prev = "0" * 64
     for index, e in enumerate(events, start=1):
@@ -74,7 +84,7 @@ def operations(events: list[dict[str, Any]]) -> list[tuple[str, str, str, int]]:
     coalesced refusal line stands for ``count`` refusals)."""
     return sorted(
         (e["type"], e["task"], e["owner"], e["fence"])
-        for e in events
+        for e in _filled(events)
         if e["type"] in OPERATIONS and not e.get("imported")
         for _ in range(e.get("count", 1))
     )

@@ -170,7 +170,8 @@ def run_case(directory: Path, call: str, nth: int, error: Any,
     state = fresh.store.read()
     lines, _ = journal_lines(directory)
     assert claims_view(replay(lines)) == claims_view(state)
-    client = [e for e in events_of(directory)
+    holders: dict[str, tuple[Any, Any]] = {}  # (a compact renewal names its holder so)
+    client = [e for e in (ev.fill_renewal(e, holders) for e in events_of(directory))
               if e["type"] not in BOOKKEEPING and e.get("owner") == "io"]
     client_seqs = [e["seq"] for e in client]
     undo_failed = failure is not None and "undoing it" in str(failure)

@@ -1,7 +1,8 @@
 """The contract suite through PgBouncer in transaction pooling mode: the PostgreSQL store keeps
 no session state across transactions (settings are SET LOCAL, locks are transaction locks,
-nothing is prepared by name), so every contract test passes when each transaction may run on
-another server connection. Plus: many clients through a small pool, and no setting leaks."""
+nothing is prepared through a pooler), so every contract test passes when each transaction may
+run on another server connection. Plus: many clients through a small pool, no setting leaks,
+no prepared statement."""
 
 from __future__ import annotations
 

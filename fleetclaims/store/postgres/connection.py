@@ -4,9 +4,10 @@ Everything here holds for a server reached directly and through PgBouncer in tra
 pooling mode, so nothing is session state: the settings a transaction needs (synchronous
 commit, lock and statement timeouts) are sent with each transaction as ``set_config(...,
 true)`` (SET LOCAL), TCP keepalives and the connect timeout are options of the client's
-socket, and no statement is prepared by name (PgBouncer before 1.21 cannot route named
-prepared statements, and they need one protocol message per statement, where ``Batch`` sends
-a transaction's statements in two messages).
+socket, and statements are prepared (SQL PREPARE, run by EXECUTE inside ``Batch``'s two
+messages) only on a connection that is a server session of its own (``direct``): PgBouncer
+before 1.21 cannot route prepared statements, and psycopg's own need one protocol message per
+statement.
 
 Waits are bounded by one budget, the ``lock_timeout`` the file store uses for its lock
 (``FLEETCLAIMS_LOCK_TIMEOUT``): the server enforces it as lock_timeout (a writer holding the
@@ -57,7 +58,7 @@ def connect(conninfo: str, budget: float) -> psycopg.Connection[Any]:
     return psycopg.connect(
         conninfo,
         autocommit=True,
-        prepare_threshold=None,  # nothing prepared by name: PgBouncer-safe (see above)
+        prepare_threshold=None,  # psycopg prepares nothing itself (see above)
         connect_timeout=seconds,
         keepalives=1,
         keepalives_idle=idle,

@@ -409,12 +409,7 @@ class Registry(QueueMethods):
                                   value=older_than)
 
         def decide(state: State, now: Now) -> Decision:
-            report = prune.plan(state.claims, now.wall - age)
-            if dry_run or not report.count:
-                return Decision(result=report)
-            return Decision(({"type": ev.CLAIMS_PRUNED, "actor": who, "before": report.before,
-                              "released": len(report.released),
-                              "completed": len(report.completed)},), result=report)
+            return prune.decide_prune(state, now.wall - age, who, dry_run=dry_run)
 
         decision = decide(self.store.read(), self._now()) if dry_run else self._run(decide)[0]
         if decision.events:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from fleetclaims.core import events as ev
-from fleetclaims.core import reservations, rules
+from fleetclaims.core import prune, reservations, rules
 from fleetclaims.core.errors import (
     ClaimConflict,
     ClaimSuperseded,
@@ -275,6 +275,15 @@ ROWS = [
     Row("sweep marks an expired lease stale", lambda: state_of(EXPIRED_LEASE),
         lambda s: rules.decide_sweep(s, NOW, lambda c: LIVE, "sweeper"), (ev.LEASE_EXPIRED,),
         fields={"reason": "lease expired", "actor": "sweeper"}),
+    Row("prune: old released records go, old completed ones shrink, live ones stay",
+        lambda: state_of(RELEASED_BY_ALICE, replace(COMPLETED_BY_ALICE, task="c"),
+                         replace(held(), task="h")),
+        lambda s: prune.decide_prune(s, 960.0, "op"), (ev.CLAIMS_PRUNED,),
+        fields={"actor": "op", "before": 960.0, "released": 1, "completed": 1},
+        result=prune.PruneReport(960.0, ("t",), ("c",))),
+    Row("prune with nothing old enough: nothing recorded",
+        lambda: state_of(RELEASED_BY_ALICE), lambda s: prune.decide_prune(s, 900.0, "op"),
+        (), result=prune.PruneReport(900.0)),
     Row("add a task", lambda: state_of(),
         lambda s: rules.decide_add(s, Task("q", labels=("py",)), "op"), (ev.TASK_ADDED,)),
     Row("update a task", lambda: state_of(tasks=(Task("q"),)),

@@ -43,8 +43,7 @@ from .model import (
 )
 from .paths import PathIndex
 from .ports import ClaimView, TaskView
-from .prune import apply_prune
-from .state import State
+from .state import State, prune_ended
 
 ENVELOPE: Final = ("seq", "ts", "type", "prev", "hash")
 # What an event copied from another registry by a merge carries besides its own fields: its
@@ -193,9 +192,10 @@ PATHS_RELEASED: Final = _declare(
     "paths_released", (*_HOLDER, *_PATHS, "changed"),
     "{owner} released the reservation of {changed} for {task} (fence {fence})")
 
-# An explicit retention command (core/prune.py): the records of claims that ended before
-# ``before`` leave the live state (released ones removed, completed ones kept compact);
-# ``released``/``completed`` count them. The journal keeps their events.
+# An explicit retention command (core/prune.py; applied by state.prune_ended): the records
+# of claims that ended before ``before`` leave the live state (released ones removed,
+# completed ones kept compact); ``released``/``completed`` count them. The journal keeps
+# their events.
 CLAIMS_PRUNED: Final = _declare(
     "claims_pruned", ("actor", "before", "released", "completed"),
     "{actor} pruned the records of {released} released and {completed} completed claims "
@@ -334,7 +334,7 @@ def apply(state: State, event: dict[str, Any]) -> State:
         _apply_merge(state, event, seq)
         state.tasks.drop_index()  # claims changed wholesale: rebuilt on next use
     elif kind == CLAIMS_PRUNED:
-        apply_prune(state.claims, _float(event["before"]), seq,
+        prune_ended(state.claims, _float(event["before"]), seq,
                     _str(event.get("ohash") or head))
     elif kind in TASK_EVENTS:
         _apply_task_event(state.tasks, state.claims, kind, event, seq,

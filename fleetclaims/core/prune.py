@@ -12,14 +12,13 @@ The decision and its application are pure functions of the recorded state and th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .model import COMPLETED, RELEASED, Claim
+from . import events as ev
 from .ports import ClaimView
-
-_ENDED = (RELEASED, COMPLETED)
+from .rules import Decision
+from .state import State, prunable
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,43 +38,21 @@ class PruneReport:
                 "completed": list(self.completed)}
 
 
-def compacted(claim: Claim) -> bool:
-    """Whether ``claim`` is a pruned completion's compact record (no grant ever has an empty
-    token hash)."""
-    return claim.state == COMPLETED and not claim.token_hash
-
-
-def compact(claim: Claim, seq: int, eid: str) -> Claim:
-    """The record a completed claim keeps after a prune: enough to refuse a new claim of the
-    task (owner, fence, completion time) and to reopen it."""
-    return Claim(task=claim.task, owner=claim.owner, fence=claim.fence, state=COMPLETED,
-                 ended_at=claim.ended_at, seq=seq, eid=eid)
-
-
-def _prunable(claims: ClaimView, before: float) -> Iterator[tuple[str, str]]:
-    """(task, state) of every record a prune at ``before`` changes, read from the persisted
-    dicts (no Claim object is built for the records it leaves alone)."""
-    for task, data in claims.data_items():
-        state = data.get("state")
-        ended = data.get("ended_at")
-        if (state in _ENDED and isinstance(ended, (int, float)) and ended < before
-                and not (state == COMPLETED and not data.get("token_hash"))):
-            yield task, str(state)
-
-
 def plan(claims: ClaimView, before: float) -> PruneReport:
     """What a prune at ``before`` would change."""
-    found = sorted(_prunable(claims, before))
-    return PruneReport(before, tuple(t for t, s in found if s == RELEASED),
-                       tuple(t for t, s in found if s == COMPLETED))
+    found = sorted(prunable(claims, before))
+    return PruneReport(before, tuple(t for t, s in found if s == "released"),
+                       tuple(t for t, s in found if s == "completed"))
 
 
-def apply_prune(claims: ClaimView, before: float, seq: int, eid: str) -> None:
-    """Apply a recorded prune (``events.CLAIMS_PRUNED``) to ``claims``."""
-    for task, state in list(_prunable(claims, before)):
-        if state == RELEASED:
-            claims.discard(task)
-        else:
-            claim = claims.get(task)
-            if claim is not None:
-                claims[task] = compact(claim, seq, eid)
+def decide_prune(state: State, before: float, actor: str, *,
+                 dry_run: bool = False) -> Decision:
+    """Prune the records of claims that ended before ``before``: one ``claims_pruned`` event
+    (none when there is nothing to prune, or for a dry run); the result is the PruneReport.
+    Applied by events.apply (state.prune_ended) from the recorded cutoff."""
+    report = plan(state.claims, before)
+    if dry_run or not report.count:
+        return Decision(result=report)
+    return Decision(({"type": ev.CLAIMS_PRUNED, "actor": actor, "before": before,
+                      "released": len(report.released),
+                      "completed": len(report.completed)},), result=report)

@@ -16,7 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import RegistryCorrupt
-from .model import COMPLETED, GENESIS, LISTING_BASE, Claim, Identity, Key, Task, _mapping
+from .model import (
+    COMPLETED,
+    GENESIS,
+    LISTING_BASE,
+    RELEASED,
+    Claim,
+    Identity,
+    Key,
+    Task,
+    _mapping,
+)
 from .paths import PathIndex
 from .ports import ClaimView, TaskView
 
@@ -315,3 +325,36 @@ class State:
     def copy(self) -> State:
         return State(self.claims.copy(), self.seq, self.fence, self.head, self.origin,
                      self.tasks.copy())
+
+
+# --- pruning (core/prune.py decides; events.apply applies claims_pruned through here) -------
+
+
+def prunable(claims: ClaimView, before: float) -> Iterator[tuple[str, str]]:
+    """(task, state) of every record a prune at ``before`` changes: released or completed
+    before it, and not already a compact record. Read from the persisted dicts (no Claim is
+    built for the records it leaves alone)."""
+    for task, data in claims.data_items():
+        state = data.get("state")
+        ended = data.get("ended_at")
+        if (state in (RELEASED, COMPLETED) and isinstance(ended, (int, float))
+                and ended < before and not (state == COMPLETED and not data.get("token_hash"))):
+            yield task, str(state)
+
+
+def compact_completion(claim: Claim, seq: int, eid: str) -> Claim:
+    """The record a completed claim keeps after a prune: enough to refuse a new claim of the
+    task (owner, fence, completion time) and to reopen it; no grant has an empty token hash."""
+    return Claim(task=claim.task, owner=claim.owner, fence=claim.fence, state=COMPLETED,
+                 ended_at=claim.ended_at, seq=seq, eid=eid)
+
+
+def prune_ended(claims: ClaimView, before: float, seq: int, eid: str) -> None:
+    """Apply a recorded prune: released records before ``before`` go, completed ones shrink."""
+    for task, state in list(prunable(claims, before)):
+        if state == RELEASED:
+            claims.discard(task)
+        else:
+            claim = claims.get(task)
+            if claim is not None:
+                claims[task] = compact_completion(claim, seq, eid)

@@ -65,6 +65,28 @@ def test_role_that_cannot_create_the_schema_gets_access_denied(pg_server: PgServ
         Registry(_as(url, role)).claim("t", owner="a")
 
 
+def test_older_schema_and_a_role_that_cannot_upgrade_it(pg_server: PgServer) -> None:
+    """A schema 3 registry used by a role with every right on its rows but not the owner's:
+    AccessDenied naming `fleetclaims db migrate`, nothing written; once the owner has run
+    it, the same role writes (schema 4)."""
+    url, _ = _fresh(pg_server)
+    owner = Registry(url)
+    owner.claim("t", owner="a")
+    owner.close()
+    role = "r_" + uuid.uuid4().hex[:8]
+    _admin(url, "ALTER TABLE fleetclaims.claims RESET (toast_tuple_target)",
+           "DELETE FROM fleetclaims.schema_version WHERE version > 3",
+           f"CREATE ROLE {role} LOGIN", f"GRANT USAGE ON SCHEMA fleetclaims TO {role}",
+           f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA fleetclaims TO {role}")
+    worker = Registry(_as(url, role))
+    with pytest.raises(AccessDenied, match="db migrate"):
+        worker.claim("u", owner="b")
+    assert [c.task for c in Registry(url).claims()] == ["t"]  # (this handle upgrades it)
+    assert worker.claim("u", owner="b").fence == 2
+    assert worker.verify().ok
+    worker.close()
+
+
 def test_dropped_schema_is_a_schema_mismatch(pg_server: PgServer) -> None:
     """The registry's schema dropped under a live handle: SchemaMismatch saying to migrate
     (never a silent fresh registry on the same connection)."""

@@ -128,7 +128,9 @@ def check_after_crash(directory: Path, acks: list[dict[str, Any]], nops: int, *,
     # 2. Every acknowledged op is in the journal at the seq it was acknowledged with.
     lines, _ = journal_lines(directory)
     state = replay(lines)
-    events = {e["seq"]: e for e in (json.loads(line) for line in lines)}
+    holders: dict[str, tuple[Any, Any]] = {}  # (a compact renewal names its holder so)
+    events = {e["seq"]: e for e in (ev.fill_renewal(json.loads(line), holders)
+                                    for line in lines)}
     for ack in all_acks:
         event = events.get(ack["seq"])
         assert event is not None, f"acknowledged op lost: {ack}"

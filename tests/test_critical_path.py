@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fc_support import events_of
 
 from fleetclaims import ClaimConflict, Registry
 from fleetclaims.core.model import Identity, Verdict
@@ -122,6 +123,35 @@ def test_long_replay_holds_no_lock_and_leaves_a_snapshot(tmp_path: Path,
     assert sum(held) == 0  # every line replayed while the lock was free
     reg.close()
     assert (reg_dir / "claims.json").exists()
+
+
+def test_a_damaged_snapshot_is_replayed_past_once_and_without_the_lock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal is replayed before the lock (the snapshot is unusable), and under the lock
+    the writer quarantines the snapshot and records the rebuild without replaying again."""
+    reg_dir = tmp_path / "reg"
+    reg = Registry(reg_dir, durability="process")
+    for i in range(300):
+        reg.claim(f"live-{i}", owner="filler", ttl=86400.0, process=False)
+    reg.close()
+    (reg_dir / "claims.json").write_bytes(b'{"format": 2, "seq": 1, "garbage"')
+    held = []
+    real = journal.apply_checked
+
+    def watched(state: Any, event: Any, offset: int, path: str) -> None:
+        held.append(not lock_free(reg_dir))
+        real(state, event, offset, path)
+
+    monkeypatch.setattr(catchup, "apply_checked", watched)
+    again = Registry(reg_dir)
+    again.claim("new", owner="b")
+    assert 300 <= len(held) < 330  # once, not twice
+    assert sum(held) == 0
+    kinds = [e["type"] for e in events_of(reg_dir)]
+    assert kinds.count("registry_rebuilt") == 1
+    assert list((reg_dir / "quarantine").iterdir())
+    assert len(again.claims()) == 301
+    again.close()
 
 
 def test_a_reader_that_replayed_a_long_journal_leaves_a_snapshot(

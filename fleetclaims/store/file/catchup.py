@@ -57,6 +57,7 @@ class CatchUp:
     _poisoned: DurabilityError | None
     _padding_checked: bool
     _rebuild_owed: bool
+    _rebuild_problem: str | None = None  # why the snapshot a reader replayed past is unusable
     _swept_temps: bool
 
     # What the writing side provides.
@@ -116,7 +117,7 @@ class CatchUp:
         if writer and not self._swept_temps and self._fd >= 0:
             # A handle that first loaded as a reader still owes the writer's clean-up.
             self._sweep_temp_files()
-        if writer and self._rebuild_owed:
+        if writer and self._rebuild_owed and not self._rebuild_in_place():
             # Loaded by a reader over a damaged snapshot (rebuilt in memory only): reload under
             # the lock, so the writer quarantines it and records registry_rebuilt.
             self._drop_state()
@@ -142,6 +143,29 @@ class CatchUp:
             rotation.rotate(self)  # (segments.py: seal the active journal)
         return self._state
 
+    def _rebuild_in_place(self) -> bool:
+        """A reader replayed the journal over a damaged snapshot, without the lock (a writer
+        does so before taking it): now, under the lock, quarantine that snapshot and record the
+        rebuild from the state already replayed, instead of replaying the journal again under
+        the lock. False when that state cannot be used: the journal was replaced meanwhile,
+        the reason is not known here, or the snapshot is no longer the damaged one (another
+        writer rebuilt it: then reloading from it is cheap)."""
+        problem = self._rebuild_problem
+        if (problem is None or self._state is None or self._fd < 0
+                or self._lock.generation() != self._generation):
+            return False
+        if os.path.lexists(self.snapshot_path):
+            snapshot, now = read_snapshot(self.snapshot_path)
+            if snapshot is not None:
+                now = snapshot_problem(self._fd, snapshot, self.directory)
+            if now is None:
+                return False
+        self._rebuild_owed = False
+        self._rebuild_problem = None
+        self._consume(writer=True)
+        self._rebuild_snapshot(problem)
+        return True
+
     def _drop_state(self) -> None:
         if self._fd >= 0:
             with contextlib.suppress(OSError):
@@ -151,9 +175,11 @@ class CatchUp:
         self._offset = 0
         self._padding_checked = False
         self._rebuild_owed = False
+        self._rebuild_problem = None
 
     def _load(self, *, writer: bool) -> None:
         self._rebuild_owed = False
+        self._rebuild_problem = None
         snap_exists = os.path.lexists(self.snapshot_path)
         if not self._open_journal(create=False):
             if snap_exists or self._lock.generation() > 0:
@@ -198,6 +224,7 @@ class CatchUp:
             self._rebuild_snapshot(problem)
         else:
             self._rebuild_owed = True
+            self._rebuild_problem = problem
 
     def _consume(self, *, writer: bool) -> None:
         """Apply complete journal lines after our offset; repair a torn tail when writing."""

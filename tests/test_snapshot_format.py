@@ -317,7 +317,7 @@ def test_identity_clean_up_renumbers_only_the_identity_members() -> None:
 def _format_3(data: bytes) -> bytes:
     """A format-4 snapshot as the format-3 writer laid it out (the identity number first in
     each line instead of last): same content, older layout."""
-    header, rest = data.split(b"\n", 1)
+    header = data.split(b"\n", 1)[0]
     doc = orjson.loads(data)
     sections = []
     for name in ("claims", "ended"):
@@ -356,3 +356,4 @@ def test_format_3_snapshot_loads_and_is_rewritten_as_format_4(tmp_path: Path) ->
     assert materialized(decode_snapshot(snap_path.read_bytes()).state) == materialized(
         loaded.store.read())
     loaded.close()
+

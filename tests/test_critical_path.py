@@ -297,3 +297,29 @@ def test_human_listing_rows_match_the_claim_rows(tmp_path: Path) -> None:
     assert sum(row[5].startswith("STALE: owner dead") for row in dicts) == 3
     reg.close()
     gone.close()
+
+
+@pytest.mark.slow
+def test_a_stuck_checkpoint_child_is_killed_and_the_checkpoint_made_at_close(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rest, "FORK_MIN", 0)
+    monkeypatch.setattr(rest, "REAP_WAIT", 0.5)
+    monkeypatch.setattr(fstore, "CHECKPOINT_MIN_TAIL", 2000)
+    monkeypatch.setattr(fstore.FileStore, "_checkpoint_child", lambda self: time.sleep(60))
+    reg_dir = tmp_path / "reg"
+    reg = Registry(reg_dir)
+    reg.claim("first", owner="a")
+    reg.store.checkpoint()  # type: ignore[attr-defined]
+    for i in range(40):
+        token = reg.claim(f"t{i % 4}", owner="a").token
+        assert token is not None
+        reg.release(f"t{i % 4}", token=token)
+    pid = reg.store._forked[0]  # type: ignore[attr-defined]
+    assert pid > 0
+    seq = reg.store.read().seq
+    t = time.monotonic()
+    reg.close()
+    assert time.monotonic() - t < 5
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # killed and reaped
+    assert snapshot.snapshot_seq(reg_dir / "claims.json") == seq

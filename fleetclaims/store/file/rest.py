@@ -267,15 +267,31 @@ def fork_worker(work: Any) -> int:
     return pid
 
 
+REAP_WAIT = 10.0  # seconds a blocking reap waits before it kills a stuck worker
+
+
 def reaped(pid: int, *, block: bool) -> bool | None:
-    """The forked worker's outcome: True done, False failed, None still running."""
-    try:
-        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
-    except ChildProcessError:
-        return False  # reaped by someone else (a SIGCHLD handler): assume the worst
-    if done == 0:
-        return None
-    return os.waitstatus_to_exitcode(status) == 0
+    """The forked worker's outcome: True done, False failed, None still running. Blocking,
+    it waits at most ``REAP_WAIT`` seconds, then kills the worker (a child forked from a
+    threaded process might hang on a lock another thread held) and says failed."""
+    deadline = time.monotonic() + REAP_WAIT
+    pause = 0.001
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return False  # reaped by someone else (a SIGCHLD handler): assume the worst
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        if not block:
+            return None
+        if time.monotonic() >= deadline:
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 class Refusals:
@@ -402,6 +418,7 @@ __all__ = [
     "DEFER_MIN",
     "FORK_MIN",
     "IDLE",
+    "REAP_WAIT",
     "REFUSAL_FLUSH",
     "AtRest",
     "IdleKeeper",

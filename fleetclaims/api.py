@@ -219,8 +219,8 @@ class Registry(QueueMethods):
 
         # The holder's liveness is probed before the lock (nothing slow under it): the decision
         # reuses that verdict when the holder is still the same process, else probes again.
-        verdicts = self._verdicts(c for c in self._seen(task)
-                                  if c.token_hash != grant.token_hash)
+        held = [c for c in self._seen(task) if c.live and c.token_hash != grant.token_hash]
+        verdicts = self._verdicts(held) if held else self._verdict
 
         def decide(state: State, now: Now) -> Decision:
             nonlocal verdicts

@@ -463,7 +463,9 @@ class FileStore(History):
         once; a small one here."""
         if self._forked[0] and not self._reap(block=False):
             return  # the last one is still being written: due again once it is done
-        if self._snap_size >= rest.FORK_MIN and current_pid() == os.getpid():
+        big = (self._snap_size >= rest.FORK_MIN  # (or no snapshot yet behind a long journal)
+               or self._offset - self._snap_offset > REPLAY_SNAPSHOT)
+        if big and current_pid() == os.getpid():
             pid = rest.fork_worker(self._checkpoint_child)
             if pid:
                 self._forked = (pid, self._snap_offset)

@@ -267,6 +267,8 @@ def test_every_crash_point_is_covered() -> None:
                # (test_segments.py kills a rotation at each of these)
                "segment.after_compress", "segment.after_seal", "segment.after_snapshot",
                "segment.after_switch",
+               # (test_archive.py kills `audit archive` at each of these)
+               "archive.after_copy", "archive.after_anchor", "archive.after_remove",
                # (test_prune.py kills a prune at this, and at each journal/snapshot step)
                "prune.after_sync"}
     assert set(CRASH_POINTS) == covered

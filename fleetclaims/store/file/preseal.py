@@ -33,9 +33,18 @@ STALE = 120.0  # seconds after which a helper that left its marker is taken for 
 _CODE = ("import sys\nfrom fleetclaims.store.file.preseal import main\n"
          "sys.exit(main(sys.argv[1:]))\n")
 
-__all__ = ["ENABLED", "main", "pending"]
+__all__ = ["ENABLED", "helper_env", "main", "pending"]
 
 _HELPERS: list[subprocess.Popen[bytes]] = []  # this process's helpers, until reaped
+
+
+def helper_env() -> dict[str, str]:
+    """The environment of a helper interpreter: ours, with this fleetclaims importable (a
+    caller may have found it through sys.path rather than an installation)."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[3])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def _marker(directory: Path, ino: int) -> Path:
@@ -67,7 +76,7 @@ def pending(directory: Path, ino: int, start: int, end: int, first: int, last: i
             [sys.executable, "-c", _CODE, str(directory), str(ino), str(start), str(end),
              str(first), str(last)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True))
+            start_new_session=True, close_fds=True, env=helper_env()))
     except OSError:
         with contextlib.suppress(OSError):
             marker.unlink()

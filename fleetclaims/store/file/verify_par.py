@@ -19,7 +19,7 @@ import orjson
 
 from ...core.chain import ChainError
 from ...core.model import GENESIS
-from . import archive, segments
+from . import archive, preseal, segments
 from .journal import check_link, seq_of
 
 PAR_MIN = 32 << 20  # compressed bytes of sealed segments from which workers are used
@@ -130,7 +130,8 @@ def start(directory: Path, fd: int) -> Pending | None:
                 [sys.executable, "-c", _WORKER,
                  *(orjson.dumps([str(sealed[i].path), sealed[i].first, sealed[i].last]).decode()
                    for i in share)],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL),
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                env=preseal.helper_env()),
                 share))
         except OSError:
             continue  # (its segments are read by finish)

@@ -196,30 +196,9 @@ def _audit_report(args: argparse.Namespace, out: Out, reg: Registry,
     return EXIT_OK
 
 
-def _task_page(reg: Registry, after: int, limit: int, filters: dict[str, Any]) -> Any:
-    """``audit --task T``: the page from the task's lines alone (a file store reads them
-    through its segments' per-task index, not the whole journal), else ``reg.events``."""
-    quick = getattr(reg.store, "task_events", None)
-    if filters.get("task") is None or quick is None:
-        return reg.events(after=after, limit=limit, **filters)
-    from .. import _reads
-    from ..core import events as ev
-    from ..core import validate
-    from ..store.base import EventPage
-
-    reg.events(after=reg.store.read().seq, limit=1, **filters)  # (validates the filters)
-    task = validate.task(filters["task"])
-    page = _reads.event_page((e for e in quick(task) if e["seq"] > after), after, limit,
-                             validate.event_types(filters["types"], ev.ALL_TYPES), task,
-                             filters["owner"], filters["since"], filters["until"])
-    if page.more:
-        return page
-    return EventPage(page.events, max(page.next_cursor, reg.store.read().seq), False)
-
-
 def _audit_list(args: argparse.Namespace, out: Out, reg: Registry,
                 filters: dict[str, Any]) -> int:
-    page = _task_page(reg, args.after, args.limit, filters)
+    page = reg.events(after=args.after, limit=args.limit, **filters)
     if out.json and not args.follow:  # one document; only the --follow stream is line by line
         out.doc(with_damage({"events": [e.data for e in page.events],
                              "next_cursor": page.next_cursor, "more": page.more}, reg))

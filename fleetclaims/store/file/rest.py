@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import sys
 import threading
 import time
 import weakref
@@ -239,13 +240,42 @@ def _settle_helper(directory: str) -> int:
 FORK_MIN = 1 << 20  # snapshot bytes above which a checkpoint is forked off
 
 
-def fork_worker(work: Any) -> int:
+def fork_safe() -> str | None:
+    """Why forking a checkpoint child is not safe here, or None. Off when FLEETCLAIMS_NO_FORK
+    is set, where there is no fork, off Linux (macOS system libraries are not fork-safe), and
+    when the process runs native threads Python does not know of (a gRPC or database driver
+    pool could hold a lock the child would need): the checkpoint is then made in process."""
+    if os.environ.get("FLEETCLAIMS_NO_FORK", "") not in ("", "0"):
+        return "FLEETCLAIMS_NO_FORK is set"
+    if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+        return "no fork on this platform"
+    try:
+        native = {int(t) for t in os.listdir("/proc/self/task")}
+    except (OSError, ValueError):
+        return "the process's threads cannot be listed"
+    foreign = native - {t.native_id for t in threading.enumerate()}
+    for tid in foreign:  # (a Python thread that just ended may linger a moment)
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            return "native threads unknown to Python"
+    return None
+
+
+def fork_worker(work: Any, *, faults_ok: bool = False) -> int:
     """Run ``work()`` (True: done) in a forked child that exits when it returns; the child's
-    pid, or 0 when this process cannot fork (no fork, faults armed by a test: crash points
-    must fire in the process under test), and then the caller does the work itself."""
+    pid, or 0 when this process cannot fork (``fork_safe``; faults armed by a test, unless
+    ``faults_ok``: crash points must fire in the process under test), and then the caller
+    does the work itself. The child never returns into the host: no atexit handler,
+    finalizer or buffered output of the host runs there (``os._exit``), the host's signal
+    handlers are reset, and ``work`` must take no lock another thread of the host may hold."""
     from .faults import FAULTS
 
-    if not hasattr(os, "fork") or FAULTS.crash_hook is not None or FAULTS.os_faults:
+    if fork_safe() is not None or (
+            not faults_ok and (FAULTS.crash_hook is not None or FAULTS.os_faults)):
         return 0
     import warnings
 
@@ -259,8 +289,13 @@ def fork_worker(work: Any) -> int:
         code = 1
         try:
             import gc
+            import signal
 
             gc.disable()  # (a collection would copy every page it touches)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            FAULTS.crash_hook = None  # (faults_ok: the crash points are the parent's)
+            FAULTS.os_faults = {}
             code = 0 if work() else 1
         finally:
             os._exit(code)
@@ -423,6 +458,7 @@ __all__ = [
     "AtRest",
     "IdleKeeper",
     "Refusals",
+    "fork_safe",
     "fork_worker",
     "reaped",
     "release_padding",

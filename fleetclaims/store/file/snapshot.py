@@ -28,9 +28,17 @@ from ...system import pid_exists
 from . import fsutil
 from .faults import crash_point, osc
 from .journal import line_before
-from .snapshot_table import Packer, SnapshotClaims, encode_all, encode_sections, renumber
+from .snapshot_table import (
+    Packer,
+    Section,
+    SnapshotClaims,
+    encode_all,
+    encode_sections,
+    renumber,
+)
 
-__all__ = ["Snapshot", "SnapshotClaims", "SnapshotError", "claim_records", "decode_snapshot",
+__all__ = ["Snapshot", "SnapshotClaims", "SnapshotError", "adoptable", "claim_records",
+           "decode_snapshot",
            "encode_snapshot", "read_snapshot", "write_snapshot"]
 
 # 1, 2 (still read): one JSON object. 3 (still read; written for a few hours of 2026-12-01): a
@@ -100,14 +108,31 @@ def encode_snapshot(state: State, offset: int) -> bytes:
     live_at = (at, at + live_len)
     at = live_at[1] + len(_ENDED_OPEN)
     ended_at = (at, at + ended_len)
+    # A new table in place of the old one, in one assignment: the old table is not changed
+    # (a thread reading it meanwhile sees it whole), and what changed leaves memory.
     if isinstance(table, SnapshotClaims):
-        table.rebase(data, live_at, ended_at, identities, refs)
+        state.claims = table.rebased(data, live_at, ended_at, identities, refs)
     elif isinstance(table, ClaimTable):
         fresh = SnapshotClaims()
         fresh._claims = dict(table.loaded())
-        fresh.rebase(data, live_at, ended_at, identities, refs)
-        state.claims = fresh
+        state.claims = fresh.rebased(data, live_at, ended_at, identities, refs)
     return data
+
+
+def adoptable(data: bytes, seq: int) -> tuple[Section, Section, list[Any]] | None:
+    """(live section, ended section, identities) of ``data``, a format-4 snapshot at ``seq``
+    that a forked child of this process just wrote (its size and checksum already compared
+    with what the child reported), or None when it is not one."""
+    end = len(data) - 1 if data.endswith(b"\n") else len(data)
+    if end < _CHECKSUM_SUFFIX + 2 or not data.startswith(b'{"format":4,'):
+        return None
+    obj = _frame(data, end - _CHECKSUM_SUFFIX)
+    if isinstance(obj, SnapshotError) or obj.get("seq") != seq:
+        return None
+    identities = obj.get("identities")
+    if not isinstance(identities, list):
+        return None
+    return obj["_live"], obj["_ended"], identities
 
 
 def decode_snapshot(data: bytes) -> Snapshot:

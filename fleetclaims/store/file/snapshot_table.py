@@ -438,15 +438,38 @@ class SnapshotClaims(ClaimTable):
             self._refs = refs
         return self._refs
 
-    def rebase(self, data: bytes, live: Section, ended: Section, identities: list[Any],
-               refs: Counter[int]) -> None:
-        """Hold ``data`` (what a checkpoint of this table just encoded) as the lines: the
-        changes are in it, so they leave memory; live claims stay converted (hot)."""
-        hot = {t: c for t, c in (*self._hot.items(), *self._claims.items()) if c.live}
-        self._data, self._live, self._ended = data, live, ended
-        self._identities = identities
-        self._claims, self._raw, self._gone, self._hot = {}, {}, set(), hot
-        self._count, self._refs, self._rewrite = -1, refs, False
+    def rebased(self, data: bytes, live: Section, ended: Section, identities: list[Any],
+                refs: Counter[int] | None) -> SnapshotClaims:
+        """A new table over ``data`` (what a checkpoint of this table just encoded): the
+        changes are in it, so they leave memory; live claims stay converted (hot). This table
+        is left as it was (another thread may be reading it)."""
+        table = SnapshotClaims.over(data, live, ended, identities)
+        table._hot = {t: c for t, c in (*self._hot.items(), *self._claims.items()) if c.live}
+        table._refs = refs
+        return table
+
+    def marks(self) -> tuple[dict[str, Claim], frozenset[str]]:
+        """What a checkpoint taken now encodes beyond the lines of _data (see ``adopted``)."""
+        return dict(self._claims), frozenset(self._gone)
+
+    def adopted(self, data: bytes, live: Section, ended: Section, identities: list[Any],
+                marks: tuple[dict[str, Claim], frozenset[str]]) -> SnapshotClaims:
+        """A new table over ``data``, a checkpoint of this table taken when ``marks()`` gave
+        ``marks`` (by a forked child, say), keeping only the changes made since: an entry set
+        since is another object than the one marked; a removal since is of a task the
+        checkpoint still holds. A plain ClaimTable (no _raw) adopts as one whose entries all
+        changed. This table is left as it was."""
+        claims, gone = marks
+        table = SnapshotClaims.over(data, live, ended, identities)
+        table._claims = {t: c for t, c in self._claims.items() if claims.get(t) is not c}
+        table._gone = {t for t in self._gone if t not in gone}
+        # (an entry set before the mark and removed since: no line of the old _data to hide,
+        # so no removal was noted, but the new data holds it)
+        table._gone.update(t for t in claims if t not in self._claims and t not in self._gone)
+        hot = {t: c for t, c in self._hot.items() if c.live}
+        hot.update((t, c) for t, c in self._claims.items() if c.live and t not in table._claims)
+        table._hot = hot
+        return table
 
 
 Pieces = list[bytes | memoryview]  # a section's bytes, in order, to join once

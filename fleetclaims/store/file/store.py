@@ -25,7 +25,7 @@ from ...core.rules import Decision
 from ...core.state import State
 from ...system import Clock, current_pid, unsafe_filesystem
 from ..base import LOCAL_DIRECTORY, Capabilities, Decide
-from . import fsutil, rest
+from . import forked, fsutil, rest
 from .catchup import JOURNAL, LOCK, SNAPSHOT
 from .faults import crash_point, osc
 from .history import History
@@ -96,6 +96,7 @@ class FileStore(History):
         self._snap_size = 0
         self._poisoned: DurabilityError | None = None
         self._forked = (0, 0)  # a forked checkpoint pending: (pid, snapshot offset before it)
+        self._fork_job: forked.Job | None = None  # its pipe, then the file to re-base on
         self._padding_checked = False
         self._rebuild_owed = False
         self._swept_temps = False
@@ -463,37 +464,63 @@ class FileStore(History):
         once; a small one here."""
         if self._forked[0] and not self._reap(block=False):
             return  # the last one is still being written: due again once it is done
+        job = self._fork_job
+        if job is not None and not forked.adopt(self, job):
+            return  # the file the last child wrote is still being read: adopted first
+        self._fork_job = None
         big = (self._snap_size >= rest.FORK_MIN  # (or no snapshot yet behind a long journal)
                or self._offset - self._snap_offset > REPLAY_SNAPSHOT)
-        if big and current_pid() == os.getpid():
-            pid = rest.fork_worker(self._checkpoint_child)
+        if big and current_pid() == os.getpid() and rest.fork_safe() is None:
+            job = self._fork_job = forked.start(self)
+            pid = rest.fork_worker(self._checkpoint_child) if job is not None else 0
             if pid:
                 self._forked = (pid, self._snap_offset)
                 self._snap_offset = self._offset  # (put back if the child fails)
                 return
+            if job is not None:
+                job.close()
+            self._fork_job = None
         self._checkpoint(unlocked=True)
 
     def _checkpoint_child(self) -> bool:
-        self._checkpoint(unlocked=True)
-        return self.last_checkpoint_error is None
+        """In the forked child: no logging (the host's handlers are the parent's), the outcome
+        reported to the parent (forked.py)."""
+        data = self._checkpoint(unlocked=True, quiet=True)
+        error = self.last_checkpoint_error
+        forked.report(self._fork_job, data, None if error is None else str(error))
+        return error is None
 
     def _reap(self, *, block: bool) -> bool:
-        """Whether no forked checkpoint is pending any more (waits for it when ``block``)."""
+        """Whether no forked checkpoint is pending any more (waits for it when ``block``).
+        A child that wrote claims.json has the parent re-base its claim table on that file
+        (forked.py), at the next checkpoint decision, or here when ``block``."""
         pid, before = self._forked
         done = rest.reaped(pid, block=block)
         if done is None:
             return False
         self._forked = (0, 0)
-        if done:
+        job = self._fork_job
+        error = "killed, or it failed" if job is None else forked.collect(self, job)
+        if done and error is None:
             with contextlib.suppress(OSError):
                 self._snap_size = os.path.getsize(self.snapshot_path)
-        else:  # failed (it logged why): owed again
+            if job is not None and block:
+                forked.adopt(self, job, wait=True)
+                self._fork_job = None
+        else:  # failed: owed again
+            self._fork_job = None
             self._snap_offset = min(self._snap_offset, before)
+            if error is not None:
+                import logging
+
+                logging.getLogger("fleetclaims").warning(
+                    "fleetclaims: forked checkpoint of %s failed: %s", self.location, error)
         return True
 
-    def _checkpoint(self, *, unlocked: bool = False) -> None:
+    def _checkpoint(self, *, unlocked: bool = False, quiet: bool = False) -> bytes | None:
         """Write the snapshot by temp file + fsync + rename + directory fsync. Best effort: the
-        journal already holds everything, so a failure here is logged, not raised.
+        journal already holds everything, so a failure here is logged (unless ``quiet``), not
+        raised. The bytes written, or None.
 
         ``unlocked``: written after releasing the registry lock (writers are not stalled by a
         large snapshot). Our state is consistent at our offset, whose bytes are durable; a
@@ -506,19 +533,21 @@ class FileStore(History):
                                      unless_seq=self._state.seq if unlocked else None)
         except (OSError, FleetclaimsError) as exc:
             self.last_checkpoint_error = exc if isinstance(exc, OSError) else OSError(str(exc))
-            import logging  # imported on this rare path only (~4 ms of a cold command)
+            if not quiet:
+                import logging  # imported on this rare path only (~4 ms of a cold command)
 
-            logging.getLogger("fleetclaims").warning(
-                "fleetclaims: checkpoint of %s skipped: %s", self.location, exc
-            )
-            return
+                logging.getLogger("fleetclaims").warning(
+                    "fleetclaims: checkpoint of %s skipped: %s", self.location, exc
+                )
+            return None
         if not written:  # a newer snapshot is there already
             self._snap_offset = self._offset
-            return
+            return None
         self._snap_offset = self._offset
         self._snap_size = len(data)
         self.last_checkpoint_error = None
         self._after_checkpoint()
+        return data
 
     def _sweep_temp_files(self) -> None:
         self._swept_temps = True

@@ -117,6 +117,9 @@ def test_no_fork_when_turned_off_or_unsafe(tmp_path: Path, forking: list[int],
         assert rest.fork_worker(lambda: True) == 0
     finally:
         stop.set()
+        deadline = time.monotonic() + 10
+        while rest.fork_safe() is not None and time.monotonic() < deadline:
+            time.sleep(0.01)  # (until that thread is gone: the next test forks)
 
 
 def test_the_child_runs_none_of_the_hosts_handlers(tmp_path: Path, forking: list[int],
@@ -136,7 +139,11 @@ def test_the_child_runs_none_of_the_hosts_handlers(tmp_path: Path, forking: list
             mark("log")
 
     handler = Handler()
-    logging.getLogger("fleetclaims").addHandler(handler)
+    logger = logging.getLogger("fleetclaims")
+    was = logger.level, logger.disabled  # (other tests may have quietened it)
+    logger.setLevel(logging.WARNING)
+    logger.disabled = False
+    logger.addHandler(handler)
     real_write = snapshot.write_snapshot
 
     def failing(*args: Any, **kw: Any) -> bool:
@@ -166,7 +173,9 @@ def test_the_child_runs_none_of_the_hosts_handlers(tmp_path: Path, forking: list
     finally:
         atexit.unregister(mark)
         signal.signal(signal.SIGTERM, old)
-        logging.getLogger("fleetclaims").removeHandler(handler)
+        logger.removeHandler(handler)
+        logger.setLevel(was[0])
+        logger.disabled = was[1]
     lines = marks.read_text().splitlines() if marks.exists() else []
     # The child's failure was logged by the parent, and nothing ran in a child.
     assert lines and all(line == f"log {parent}" for line in lines), lines

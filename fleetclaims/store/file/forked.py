@@ -13,20 +13,22 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...core.errors import FleetclaimsError
 from ...core.ports import ClaimView
 from ...core.state import ClaimTable
-from . import fsutil
+from ...system import current_pid
+from . import fsutil, rest
 from .snapshot import SnapshotClaims, adoptable
 from .snapshot_table import Section
 
 if TYPE_CHECKING:
     from .store import FileStore
 
-__all__ = ["Job", "adopt", "collect", "report", "start"]
+__all__ = ["Job", "adopt", "collect", "fork", "moved_since", "report"]
 
 _REPORT_MAX = 4096
 
@@ -60,33 +62,73 @@ def _marks(table: Any) -> tuple[dict[str, Any], frozenset[str]] | None:
     return None
 
 
-def start(store: FileStore) -> Job | None:
-    """A job for a checkpoint of ``store``'s state about to be forked (None: no pipe)."""
+def fork(store: FileStore, work: Callable[[], bool]) -> int:
+    """Fork a child running ``work`` (the checkpoint of ``store``), its job kept on the
+    store for the child to report on; the child's pid, or 0 (then no job)."""
+    store._fork_job = None
     state = store._state
-    assert state is not None
+    if state is None or current_pid() != os.getpid() or rest.fork_safe() is not None:
+        return 0
     try:
         rfd, wfd = os.pipe()
     except OSError:
-        return None
-    return Job(state.seq, state.claims, _marks(state.claims), rfd, wfd)
+        return 0
+    os.set_blocking(rfd, False)  # (another child forked meanwhile may hold the write end)
+    job = store._fork_job = Job(state.seq, state.claims, _marks(state.claims), rfd, wfd)
+    pid = rest.fork_worker(work)
+    if not pid:
+        job.close()
+        store._fork_job = None
+    return pid
 
 
-def report(job: Job | None, data: bytes | None, error: str | None) -> None:
-    """In the child: tell the parent what was written (size and checksum) or why not."""
+def report(job: Job | None, data: bytes | None, failure: OSError | None) -> bool:
+    """In the child: tell the parent what was written (size and checksum) or why not;
+    whether it succeeded."""
+    error = None if failure is None else str(failure)
     if job is None or job.wfd < 0:
-        return
+        return error is None
     if data is not None:
         text = f"ok {len(data)} {data[-67:-3].decode()}"
     else:  # (none written and no error: a newer snapshot was there already)
         text = "no " + error if error else "skip"
     with contextlib.suppress(OSError):
         os.write(job.wfd, text.encode()[:_REPORT_MAX])
+    return error is None
 
 
-def collect(store: FileStore, job: Job) -> str | None:
-    """In the parent, the child reaped: read its report; when it wrote claims.json, start
-    reading that file for ``adopt`` (the file is opened and compared now, so a newer
-    snapshot written meanwhile is not mistaken for it). The child's error, if any."""
+def collect(store: FileStore, job: Job | None, done: bool) -> bool:
+    """In the parent, the child reaped (``done``: it exited 0): read its report; when it
+    wrote claims.json, start reading that file for ``adopt`` (the file is opened and
+    compared now, so a newer snapshot written meanwhile is not mistaken for it). False (the
+    child's error logged) when it failed."""
+    error = "killed, or it failed" if job is None else _collect(store, job)
+    if done and error is None:
+        return True
+    if error is None or error.startswith("the checkpoint child said nothing"):
+        error = "it was killed or exited early"
+    import logging  # (rare)
+
+    logging.getLogger("fleetclaims").warning(
+        "fleetclaims: forked checkpoint of %s failed: %s", store.location, error)
+    return False
+
+
+def moved_since(store: FileStore) -> Callable[[], bool]:
+    """Whether the journal was replaced (a rotation) after now: then a snapshot taken of it
+    outside the lock must not land (its offset is of the old journal)."""
+    generation = store._generation
+
+    def moved() -> bool:
+        try:
+            return store._lock.generation() != generation
+        except OSError:
+            return False
+
+    return moved
+
+
+def _collect(store: FileStore, job: Job) -> str | None:
     if job.wfd >= 0:
         os.close(job.wfd)
         job.wfd = -1

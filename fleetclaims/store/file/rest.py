@@ -267,15 +267,16 @@ def fork_safe() -> str | None:
 
 def fork_worker(work: Any, *, faults_ok: bool = False) -> int:
     """Run ``work()`` (True: done) in a forked child that exits when it returns; the child's
-    pid, or 0 when this process cannot fork (``fork_safe``; faults armed by a test, unless
-    ``faults_ok``: crash points must fire in the process under test), and then the caller
-    does the work itself. The child never returns into the host: no atexit handler,
-    finalizer or buffered output of the host runs there (``os._exit``), the host's signal
-    handlers are reset, and ``work`` must take no lock another thread of the host may hold."""
+    pid, or 0 when this process cannot fork (``fork_safe``; faults armed by a test: crash
+    points must fire in the process under test, unless ``faults_ok``: those of the work
+    are then not armed in the child), and then the caller does the work itself. The child
+    never returns into the host: no atexit handler, finalizer or buffered output of the host
+    runs there (``os._exit``), the host's signal handlers are reset, and ``work`` must take
+    no lock another thread of the host may hold."""
     from .faults import FAULTS
 
-    if fork_safe() is not None or (
-            not faults_ok and (FAULTS.crash_hook is not None or FAULTS.os_faults)):
+    if fork_safe() is not None or FAULTS.os_faults or (
+            not faults_ok and FAULTS.crash_hook is not None):
         return 0
     import warnings
 
@@ -295,7 +296,6 @@ def fork_worker(work: Any, *, faults_ok: bool = False) -> int:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             FAULTS.crash_hook = None  # (faults_ok: the crash points are the parent's)
-            FAULTS.os_faults = {}
             code = 0 if work() else 1
         finally:
             os._exit(code)

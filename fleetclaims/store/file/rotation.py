@@ -2,40 +2,78 @@
 
 Called by a writer under the registry lock, caught up to the journal's head, when the active
 journal has passed ``segments.SEGMENT_BYTES``. The bulk of its lines is first sealed by a helper
-process outside the lock (preseal.py); the rotation then seals the lines appended since. Steps
-and their crash points:
+process outside the lock (preseal.py); the rotation then seals the lines appended since, up to
+the head, seq S. The snapshot at S (claims.json with offset 0, ~40 MB at 100,000 claims) is not
+written under the lock: a child forked there, holding the state at S copy-on-write, writes it
+beside claims.json (``claims.json.rot-S-PID``) while the writer goes on. A later operation of
+the same writer, under the lock, once the child is done, finishes the rotation: the side file
+renamed over claims.json, then a new ``audit.jsonl`` holding the lines appended after S (a
+few, copied) put in place. Where no child can be forked (rest.fork_safe) the snapshot is
+written under the lock and the switch follows at once, as before. Steps and crash points:
 
 - ``segment.after_compress``: the gzip temp file is durable, not renamed (the next rotation
   writes it again; nothing refers to it);
 - ``segment.after_seal``: the segment is in place, ``audit.jsonl`` still holds its lines (readers
-  skip them, the next rotation seals only what follows);
+  skip them, the next rotation seals only what follows); a side file being written is left to
+  its child and removed by a later rotation once its writer is gone;
 - ``segment.after_snapshot``: claims.json is at the sealed head with offset 0, which fits both
-  the old active journal (lines up to its seq skipped) and an empty one;
-- ``segment.after_switch``: an empty ``audit.jsonl`` is in place, the generation bumped.
+  the old active journal (lines up to its seq skipped) and the new one;
+- ``segment.after_switch``: the new ``audit.jsonl`` (the lines after S) is in place, the
+  generation bumped.
+
+Unlocked checkpoints of other processes, taken of the old journal, are refused once the
+generation moved (snapshot.write_snapshot ``unless``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import fsutil, preseal, segments
+from ...system import pid_exists
+from . import fsutil, preseal, rest, segments
 from .faults import crash_point, osc
 from .journal import seq_of
 from .reader import find_offset
-from .snapshot import encode_snapshot, write_snapshot
+from .snapshot import encode_snapshot, snapshot_seq, write_snapshot
 
 if TYPE_CHECKING:
     from .catchup import CatchUp
 
-__all__ = ["rotate"]
+__all__ = ["rotate", "settle"]
+
+SIDE_PREFIX = "claims.json.rot-"
+
+
+@dataclass
+class _Pending:
+    """A rotation sealed up to ``seq`` (journal bytes [0, ``base``)) whose snapshot a forked
+    child writes to ``side``."""
+
+    owner: int
+    pid: int
+    seq: int
+    base: int
+    side: Path
+
+
+_PENDING: weakref.WeakKeyDictionary[CatchUp, _Pending] = weakref.WeakKeyDictionary()
 
 
 def rotate(store: CatchUp) -> None:
     """Seal the active journal of ``store`` (locked, at the head). Raises OSError."""
     state = store._state
     assert state is not None and store._fd >= 0
+    pending = _PENDING.get(store)
+    if pending is not None and pending.owner == os.getpid():
+        if _finish(store, pending) is not None:
+            return  # still written by the child, or finished: the new journal is short
+    elif pending is not None:
+        del _PENDING[store]
     fd, end = store._fd, store._offset
     sync = bool(getattr(store, "sync", True))
     sealed = segments.sealed(store.directory)
@@ -43,6 +81,8 @@ def rotate(store: CatchUp) -> None:
     first = seq_of(os.pread(fd, 64, 0))
     if first is None or state.seq <= last:
         return
+    if end < 2 * segments.SEGMENT_BYTES and _others_pending(store):
+        return  # another writer's child writes the snapshot of its rotation
     start = 0
     if first <= last:  # a helper (or a rotation cut short) sealed the lines up to ``last``
         start = find_offset(fd, last, 0, end, first - 1)
@@ -54,21 +94,98 @@ def rotate(store: CatchUp) -> None:
     if len(data) != end - start:
         raise OSError(5, "short read of the journal to seal")
     segments.seal(store.directory, data, first, state.seq, sync=sync)
-    snap = encode_snapshot(state, 0)
+    del data
+    side = store.directory / f"{SIDE_PREFIX}{state.seq}-{os.getpid()}"
+    child = rest.fork_worker(lambda: _write_side(store, side, sync), faults_ok=True)
+    if child:
+        _PENDING[store] = _Pending(os.getpid(), child, state.seq, end, side)
+        return
+    snap = encode_snapshot(state, 0)  # (no child: written here, under the lock)
     write_snapshot(store.directory, store.snapshot_path, snap, sync=sync)
     crash_point("segment.after_snapshot")
-    _switch(store, sync)
+    _switch(store, sync, b"")
     store._snap_offset = 0
     store._snap_size = len(snap)
     crash_point("segment.after_switch")
 
 
-def _switch(store: CatchUp, sync: bool) -> None:
-    """Put an empty active journal in place and move this handle onto it."""
+def _write_side(store: CatchUp, side: Path, sync: bool) -> bool:
+    """In the forked child: the snapshot at the sealed head, offset 0, to ``side``."""
+    assert store._state is not None
+    snap = encode_snapshot(store._state, 0)
+    write_snapshot(store.directory, side, snap, sync=sync)
+    return True
+
+
+def settle(store: CatchUp) -> None:
+    """Finish this handle's rotation, waiting for its child (locked, at the head: a writer
+    leaving the files at rest, so that ``zcat segments/*; cat audit.jsonl`` is one chain)."""
+    pending = _PENDING.get(store)
+    if pending is not None and pending.owner == os.getpid():
+        _finish(store, pending, block=True)
+
+
+def _finish(store: CatchUp, pending: _Pending, *, block: bool = False) -> bool | None:
+    """Finish ``pending`` once its child is done: False while the child still writes, True
+    once finished, None when it failed or was overtaken (the caller starts again)."""
+    done = rest.reaped(pending.pid, block=block)
+    if done is None:
+        return False
+    del _PENDING[store]
+    sealed = segments.sealed(store.directory)
+    if not done or not sealed or sealed[-1].last != pending.seq or (
+            snapshot_seq(pending.side) != pending.seq):
+        with contextlib.suppress(OSError):
+            os.unlink(pending.side)
+        return None
+    sync = bool(getattr(store, "sync", True))
+    end = store._offset
+    tail = os.pread(store._fd, end - pending.base, pending.base)
+    if len(tail) != end - pending.base:
+        raise OSError(5, "short read of the journal's lines after the sealed head")
+    size = os.path.getsize(pending.side)
+    osc.replace(str(pending.side), str(store.snapshot_path))
+    if sync:
+        fsutil.fsync_dir(store.directory)
+    crash_point("segment.after_snapshot")
+    _switch(store, sync, tail)
+    store._snap_offset = 0
+    store._snap_size = size
+    crash_point("segment.after_switch")
+    return True
+
+
+def _others_pending(store: CatchUp) -> bool:
+    """Whether another handle's rotation child (of a live process, or another handle of
+    this one) writes a side file; the side files nobody waits for any more are removed."""
+    found = False
+    ours = {str(p.side) for s, p in list(_PENDING.items()) if s is not store}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(store.directory):
+            if not entry.name.startswith(SIDE_PREFIX):
+                continue
+            pid = entry.name.rsplit("-", 1)[-1]
+            mine = pid.isdigit() and int(pid) == os.getpid()
+            if (entry.path in ours if mine else pid.isdigit() and pid_exists(int(pid))):
+                found = True
+            elif not (mine and (pending := _PENDING.get(store)) and str(pending.side)
+                      == entry.path):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+    return found
+
+
+def _switch(store: CatchUp, sync: bool, tail: bytes) -> None:
+    """Put a new active journal holding ``tail`` (the lines after the sealed head) in place
+    and move this handle onto it."""
     path = store.journal_path
     tmp = path.with_name(f".{path.name}.next")
     new = fsutil.open_file(tmp, os.O_RDWR | os.O_TRUNC, create=True)
     try:
+        if tail:
+            written = osc.write(new, tail)
+            if written != len(tail):
+                raise OSError(5, "short write of the new active journal")
         if sync:
             osc.fsync(new)
         osc.replace(str(tmp), str(path))
@@ -82,8 +199,8 @@ def _switch(store: CatchUp, sync: bool) -> None:
         os.close(store._fd)
     store._fd = new
     store._generation = store._lock.generation()
-    store._offset = 0
-    store._alloc = 0
+    store._offset = len(tail)
+    store._alloc = len(tail)
     store._reader = None
     store._padding_checked = True
     at_rest = getattr(store, "_rest", None)

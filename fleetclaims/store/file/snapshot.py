@@ -13,7 +13,7 @@ import errno
 import hashlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -344,12 +344,15 @@ def anchor_problem(fd: int, snapshot: Snapshot) -> str | None:
 
 
 def write_snapshot(directory: Path, target: Path, data: bytes, *, sync: bool,
-                   unless_seq: int | None = None) -> bool:
+                   unless_seq: int | None = None,
+                   unless: Callable[[], bool] | None = None) -> bool:
     """Write ``data`` to ``target`` by temp file + fsync + rename + directory fsync.
 
     ``unless_seq``: give up (False) when the snapshot already there has at least this seq (a
     checkpoint written outside the lock may race another process's, and must never replace a
-    newer one). Raises OSError (or FleetclaimsError) after removing the temp file."""
+    newer one); ``unless``: give up when it says so just before the rename (the journal it
+    was taken of was replaced meanwhile: a rotation). Raises OSError (or FleetclaimsError)
+    after removing the temp file."""
     tmp = directory / f"{TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
     try:
         fd = fsutil.open_file(tmp, os.O_WRONLY | os.O_EXCL, create=True)
@@ -369,7 +372,8 @@ def write_snapshot(directory: Path, target: Path, data: bytes, *, sync: bool,
         finally:
             os.close(fd)
         crash_point("snapshot.after_fsync")
-        if unless_seq is not None and snapshot_seq(target) >= unless_seq:
+        if (unless_seq is not None and snapshot_seq(target) >= unless_seq) or (
+                unless is not None and unless()):
             os.unlink(tmp)
             return False
         osc.replace(str(tmp), str(target))

@@ -25,7 +25,7 @@ from ...core.rules import Decision
 from ...core.state import State
 from ...system import Clock, current_pid, unsafe_filesystem
 from ..base import LOCAL_DIRECTORY, Capabilities, Decide
-from . import forked, fsutil, rest
+from . import forked, fsutil, rest, rotation
 from .catchup import JOURNAL, LOCK, SNAPSHOT
 from .faults import crash_point, osc
 from .history import History
@@ -433,6 +433,8 @@ class FileStore(History):
                 return True  # written meanwhile: the keeper waits for quiet again
             with self._lock.held():
                 self._catch_up(writer=True)
+                if wait:  # (a rotation whose snapshot a child writes: finished)
+                    rotation.settle(self)
                 owed = at.refusals.take()
                 if owed:
                     self._append(owed, self.clock.now().wall, sync=False)
@@ -464,57 +466,39 @@ class FileStore(History):
         once; a small one here."""
         if self._forked[0] and not self._reap(block=False):
             return  # the last one is still being written: due again once it is done
-        job = self._fork_job
-        if job is not None and not forked.adopt(self, job):
+        if self._fork_job is not None and not forked.adopt(self, self._fork_job):
             return  # the file the last child wrote is still being read: adopted first
-        self._fork_job = None
         big = (self._snap_size >= rest.FORK_MIN  # (or no snapshot yet behind a long journal)
                or self._offset - self._snap_offset > REPLAY_SNAPSHOT)
-        if big and current_pid() == os.getpid() and rest.fork_safe() is None:
-            job = self._fork_job = forked.start(self)
-            pid = rest.fork_worker(self._checkpoint_child) if job is not None else 0
-            if pid:
-                self._forked = (pid, self._snap_offset)
-                self._snap_offset = self._offset  # (put back if the child fails)
-                return
-            if job is not None:
-                job.close()
-            self._fork_job = None
+        pid = forked.fork(self, self._checkpoint_child) if big else 0
+        if pid:
+            self._forked = (pid, self._snap_offset)
+            self._snap_offset = self._offset  # (put back if the child fails)
+            return
         self._checkpoint(unlocked=True)
 
-    def _checkpoint_child(self) -> bool:
-        """In the forked child: no logging (the host's handlers are the parent's), the outcome
-        reported to the parent (forked.py)."""
+    def _checkpoint_child(self) -> bool:  # (no logging in the child: the parent does)
         data = self._checkpoint(unlocked=True, quiet=True)
-        error = self.last_checkpoint_error
-        forked.report(self._fork_job, data, None if error is None else str(error))
-        return error is None
+        return forked.report(self._fork_job, data, self.last_checkpoint_error)
 
     def _reap(self, *, block: bool) -> bool:
-        """Whether no forked checkpoint is pending any more (waits for it when ``block``).
-        A child that wrote claims.json has the parent re-base its claim table on that file
-        (forked.py), at the next checkpoint decision, or here when ``block``."""
+        """Whether no forked checkpoint is pending any more (waits for it when ``block``);
+        the parent re-bases on the file its child wrote (forked.py) now or at the next due."""
         pid, before = self._forked
         done = rest.reaped(pid, block=block)
         if done is None:
             return False
         self._forked = (0, 0)
         job = self._fork_job
-        error = "killed, or it failed" if job is None else forked.collect(self, job)
-        if done and error is None:
+        if forked.collect(self, job, done):
             with contextlib.suppress(OSError):
                 self._snap_size = os.path.getsize(self.snapshot_path)
             if job is not None and block:
                 forked.adopt(self, job, wait=True)
                 self._fork_job = None
-        else:  # failed: owed again
+        else:  # failed (logged): owed again
             self._fork_job = None
             self._snap_offset = min(self._snap_offset, before)
-            if error is not None:
-                import logging
-
-                logging.getLogger("fleetclaims").warning(
-                    "fleetclaims: forked checkpoint of %s failed: %s", self.location, error)
         return True
 
     def _checkpoint(self, *, unlocked: bool = False, quiet: bool = False) -> bytes | None:
@@ -530,7 +514,8 @@ class FileStore(History):
         data = encode_snapshot(self._state, self._offset)
         try:
             written = write_snapshot(self.directory, self.snapshot_path, data, sync=self.sync,
-                                     unless_seq=self._state.seq if unlocked else None)
+                                     unless_seq=self._state.seq if unlocked else None,
+                                     unless=forked.moved_since(self) if unlocked else None)
         except (OSError, FleetclaimsError) as exc:
             self.last_checkpoint_error = exc if isinstance(exc, OSError) else OSError(str(exc))
             if not quiet:

@@ -1,0 +1,137 @@
+"""A rotation writes no snapshot under the lock (#21): the snapshot at the sealed head is
+written by a forked child, and a later operation switches the journal, carrying over the lines
+appended meanwhile; an unlocked checkpoint of the old journal taken by another handle does not
+land after the switch.
+
+Oracles: which process encoded the rotation's snapshot; the whole journal (segments, then the
+active journal) is one chain from seq 1 that replays to each handle's state; claims.json after
+the other handle's stale checkpoint is still the rotation's.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fc_support import claims_view, replay
+
+import fleetclaims
+from fleetclaims.store.file import preseal, rest, rotation, segments, snapshot
+from fleetclaims.store.file.snapshot import encode_snapshot
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def small(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 16_000)
+    monkeypatch.setattr(segments, "BLOCK", 2_000)
+    monkeypatch.setattr(preseal, "ENABLED", False)
+    monkeypatch.delenv("FLEETCLAIMS_NO_FORK", raising=False)
+    encodes: list[int] = []
+    real = encode_snapshot
+
+    def counted(state: Any, offset: int) -> bytes:
+        encodes.append(os.getpid())  # (a child's append stays in the child)
+        return real(state, offset)
+
+    monkeypatch.setattr(rotation, "encode_snapshot", counted)
+    return encodes
+
+
+def _whole(d: Path) -> list[bytes]:
+    lines: list[bytes] = []
+    for seg in segments.sealed(d):
+        lines += gzip.decompress(seg.path.read_bytes()).splitlines()
+    last = json.loads(lines[-1])["seq"] if lines else 0
+    for line in (d / "audit.jsonl").read_bytes().rstrip(b"\0").splitlines():
+        if json.loads(line)["seq"] > last:
+            lines.append(line)
+    return lines
+
+
+def _first_seq(d: Path) -> int:
+    return int(json.loads((d / "audit.jsonl").read_bytes().split(b"\n", 1)[0])["seq"])
+
+
+def test_the_rotation_snapshot_is_written_by_a_child(tmp_path: Path, small: list[int]) -> None:
+    d = tmp_path / "r"
+    reg = fleetclaims.Registry(d, durability="process")
+    n = 0
+    while not segments.sealed(d):
+        n += 1
+        reg.claim(f"x{n}", owner="o", ttl=60)
+    sealed = segments.sealed(d)[-1]
+    assert small == []  # the writer encoded nothing under the lock
+    assert _first_seq(d) == 1  # not switched yet: the child writes the snapshot
+    deadline = time.monotonic() + 20
+    while _first_seq(d) == 1 and time.monotonic() < deadline:
+        n += 1
+        reg.claim(f"x{n}", owner="o", ttl=60)
+        time.sleep(0.01)
+    # Switched: the new journal starts right after the sealed head, claims.json is there.
+    assert _first_seq(d) == sealed.last + 1
+    snap = snapshot.read_snapshot(d / "claims.json")[0]
+    assert snap is not None and snap.offset == 0 and snap.state.seq == sealed.last
+    assert not [p for p in os.listdir(d) if p.startswith(rotation.SIDE_PREFIX)]
+    assert small == []
+    lines = _whole(d)
+    assert [json.loads(x)["seq"] for x in lines] == list(range(1, len(lines) + 1))
+    fresh = fleetclaims.Registry(d)
+    assert fresh.verify().ok
+    assert claims_view(fresh.store.read()) == claims_view(replay(lines))
+    assert claims_view(reg.store.read()) == claims_view(replay(lines))
+    fresh.close()
+    reg.close()
+
+
+def test_a_stale_unlocked_checkpoint_does_not_land_after_a_switch(
+        tmp_path: Path, small: list[int]) -> None:
+    d = tmp_path / "r"
+    a = fleetclaims.Registry(d, durability="process")
+    b = fleetclaims.Registry(d, durability="process")
+    a.claim("a0", owner="a", ttl=60)
+    n = 0
+    while not segments.sealed(d):
+        n += 1
+        b.claim(f"b{n}", owner="b", ttl=60)
+    a.claim("a1", owner="a", ttl=60)  # A's state is past the sealed head, in the old journal
+    deadline = time.monotonic() + 20
+    while _first_seq(d) == 1 and time.monotonic() < deadline:
+        n += 1
+        b.claim(f"b{n}", owner="b", ttl=60)
+        time.sleep(0.01)
+    assert _first_seq(d) > 1
+    before = (d / "claims.json").read_bytes()
+    store = a.store
+    assert store._offset > store._snap_offset  # type: ignore[attr-defined]
+    store._checkpoint(unlocked=True)  # type: ignore[attr-defined]  # of the old journal
+    assert (d / "claims.json").read_bytes() == before
+    fresh = fleetclaims.Registry(d)
+    assert fresh.verify().ok and fresh.get("a1") is not None
+    lines = _whole(d)
+    assert claims_view(fresh.store.read()) == claims_view(replay(lines))
+    assert claims_view(a.store.read()) == claims_view(replay(lines))
+    for reg in (fresh, a, b):
+        reg.close()
+
+
+def test_no_fork_rotates_under_the_lock_as_before(tmp_path: Path, small: list[int],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETCLAIMS_NO_FORK", "1")
+    d = tmp_path / "r"
+    reg = fleetclaims.Registry(d, durability="process")
+    n = 0
+    while not segments.sealed(d):
+        n += 1
+        reg.claim(f"x{n}", owner="o", ttl=60)
+    assert small == [os.getpid()]
+    assert _first_seq(d) == segments.sealed(d)[-1].last + 1 or (
+        (d / "audit.jsonl").read_bytes().rstrip(b"\0") == b"")
+    assert rest.fork_safe() is not None
+    reg.close()

@@ -212,6 +212,7 @@ class FileStore(History):
         lock = self._lock
         # (not lock.held(): a generator context manager costs ~1 us an op)
         lock.acquire(self._wait_work if self._state is not None else None)
+        mine: list[dict[str, Any]] = []  # our sealed lines, applied after releasing the lock
         try:
             seen = self._offset
             state = self._catch_up(writer=True)
@@ -237,10 +238,14 @@ class FileStore(History):
                     events = (*owed.take(), *events)
                 # Group commit: write under the lock, fdatasync after releasing it, so the
                 # flushes of concurrent writers overlap and share one ext4 journal commit.
-                self._append(list(events), now.wall, sync=False)
+                mine = self._append(list(events), now.wall, sync=False, defer=True)
                 end = self._offset
         finally:
-            lock.release()
+            try:
+                lock.release()
+            finally:
+                if mine:
+                    self._apply_own(mine)
         if end > start:
             crash_point("journal.before_sync")
             if self.sync and not quiet:
@@ -308,7 +313,11 @@ class FileStore(History):
         if self.sync:
             fsutil.fsync_dir(self.directory)
 
-    def _append(self, events: list[dict[str, Any]], ts: float, *, sync: bool = True) -> None:
+    def _append(self, events: list[dict[str, Any]], ts: float, *, sync: bool = True,
+                defer: bool = False) -> list[dict[str, Any]]:
+        """Seal and write ``events`` after our offset, then apply them; with ``defer`` return
+        them unapplied instead (``_apply_own``, after releasing the lock: applying our own
+        lines needs no lock, and other writers wait for it no longer)."""
         state = self._state
         assert state is not None
         data, sealed = seal_events(events, state.seq, state.head, ts, state.claims)
@@ -329,9 +338,23 @@ class FileStore(History):
             self._fail_append(exc, start)
         if sync:
             crash_point("journal.after_sync")
-        for obj in sealed:
-            ev.apply(state, obj)
         self._offset = start + len(data)
+        if defer:
+            return sealed
+        self._apply_own(sealed)
+        return []
+
+    def _apply_own(self, sealed: list[dict[str, Any]]) -> None:
+        """Apply the lines we just wrote (our offset is already past them); should that fail,
+        drop the state, so the next operation reloads rather than lag behind its offset."""
+        state = self._state
+        assert state is not None
+        try:
+            for obj in sealed:
+                ev.apply(state, obj)
+        except BaseException:
+            self._drop_state()
+            raise
 
     def _fail_append(self, exc: OSError, start: int) -> None:
         """Undo a write that was not made durable, then refuse further writes from this handle.

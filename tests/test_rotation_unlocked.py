@@ -135,3 +135,39 @@ def test_no_fork_rotates_under_the_lock_as_before(tmp_path: Path, small: list[in
         (d / "audit.jsonl").read_bytes().rstrip(b"\0") == b"")
     assert rest.fork_safe() is not None
     reg.close()
+
+
+@pytest.mark.slow
+def test_a_large_remainder_is_sealed_by_a_helper_too(tmp_path: Path, small: list[int],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lines written while a helper sealed the bulk are sealed by a second helper when
+    they are many (RESEAL_MIN), not by the writer under the lock; only what follows the
+    second is sealed by the writer; the rotation finishes."""
+    monkeypatch.setattr(preseal, "ENABLED", True)
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 64_000)
+    monkeypatch.setattr(rotation, "RESEAL_MIN", 1000)
+    inline: list[int] = []
+    real = segments.seal
+
+    def counted(directory: Path, data: bytes, first: int, last: int, **kw: Any) -> Any:
+        inline.append(first)
+        return real(directory, data, first, last, **kw)
+
+    monkeypatch.setattr(segments, "seal", counted)
+    d = tmp_path / "r"
+    reg = fleetclaims.Registry(d, durability="process")
+    reg.claim("x0", owner="o", ttl=60)
+    n = 0
+    deadline = time.monotonic() + 60
+    while _first_seq(d) == 1 and time.monotonic() < deadline:
+        n += 1
+        reg.claim(f"x{n}", owner="o", ttl=60)
+        time.sleep(0.005)
+    sealed = segments.sealed(d)
+    assert _first_seq(d) == sealed[-1].last + 1 and len(sealed) >= 2, sealed
+    assert sealed[0].first == 1 and sealed[0].first not in inline  # the bulk: a helper
+    assert sealed[1].first not in inline, (sealed, inline)  # the remainder: a second one
+    lines = _whole(d)
+    assert [json.loads(x)["seq"] for x in lines] == list(range(1, len(lines) + 1))
+    assert claims_view(reg.store.read()) == claims_view(replay(lines))
+    reg.close()

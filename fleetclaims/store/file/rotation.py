@@ -65,6 +65,7 @@ class _Pending:
     seq: int
     base: int
     side: Path
+    journal: tuple[int, int]  # (inode, generation) of the journal sealed
 
 
 _PENDING: weakref.WeakKeyDictionary[CatchUp, _Pending] = weakref.WeakKeyDictionary()
@@ -107,7 +108,8 @@ def rotate(store: CatchUp) -> None:
     side = store.directory / f"{SIDE_PREFIX}{state.seq}-{os.getpid()}"
     child = rest.fork_worker(lambda: _write_side(store, side, sync), faults_ok=True)
     if child:
-        _PENDING[store] = _Pending(os.getpid(), child, state.seq, end, side)
+        _PENDING[store] = _Pending(os.getpid(), child, state.seq, end, side,
+                                   (os.fstat(fd).st_ino, store._generation))
         return
     snap = encode_snapshot(state, 0)  # (no child: written here, under the lock)
     write_snapshot(store.directory, store.snapshot_path, snap, sync=sync)
@@ -142,16 +144,21 @@ def _finish(store: CatchUp, pending: _Pending, *, block: bool = False) -> bool |
         return False
     del _PENDING[store]
     sealed = segments.sealed(store.directory)
+    end = store._offset
+    tail = b""
+    if done and end >= pending.base and pending.journal == (
+            os.fstat(store._fd).st_ino, store._generation):
+        tail = os.pread(store._fd, end - pending.base, pending.base)
     if not done or not sealed or sealed[-1].last != pending.seq or (
-            snapshot_seq(pending.side) != pending.seq):
+            pending.journal != (os.fstat(store._fd).st_ino, store._generation)
+            or len(tail) != end - pending.base
+            or (tail and seq_of(tail) != pending.seq + 1)
+            or snapshot_seq(pending.side) != pending.seq):
+        # (failed, overtaken by another writer's rotation, or the journal was replaced)
         with contextlib.suppress(OSError):
             os.unlink(pending.side)
         return None
     sync = bool(getattr(store, "sync", True))
-    end = store._offset
-    tail = os.pread(store._fd, end - pending.base, pending.base)
-    if len(tail) != end - pending.base:
-        raise OSError(5, "short read of the journal's lines after the sealed head")
     size = os.path.getsize(pending.side)
     # The replaced claims.json (~40 MB at 100,000 claims) is freed when its last descriptor
     # closes (~17 ms on ext4): held open here and closed after, off the lock.

@@ -28,7 +28,7 @@ from .snapshot_table import Section
 if TYPE_CHECKING:
     from .store import FileStore
 
-__all__ = ["Job", "adopt", "collect", "fork", "moved_since", "report"]
+__all__ = ["Job", "adopt", "collect", "fork", "moved_since", "poll", "report"]
 
 _REPORT_MAX = 4096
 
@@ -176,6 +176,16 @@ def _read(job: Job, fd: int) -> None:
     found = adoptable(data, job.seq)
     if found is not None:
         job.found.append((data, *found))
+
+
+def poll(store: FileStore) -> None:
+    """After each operation while a job is on ``store``: reap its child (no wait) and adopt
+    the file once read, so the changes made meanwhile leave memory a checkpoint earlier."""
+    if store._forked[0] and not store._reap(block=False):
+        return
+    job = store._fork_job
+    if job is not None and adopt(store, job):
+        store._fork_job = None
 
 
 def adopt(store: FileStore, job: Job, *, wait: bool = False) -> bool:

@@ -409,6 +409,8 @@ class FileStore(History):
         self._checkpoint()
 
     def _checkpoint_due(self) -> bool:
+        if self._fork_job is not None:  # (a forked checkpoint: reaped, adopted when done)
+            forked.poll(self)
         tail = self._offset - self._snap_offset
         if tail > max(CHECKPOINT_MIN_TAIL, self._snap_size // CHECKPOINT_DIVISOR):
             return True
@@ -525,9 +527,8 @@ class FileStore(History):
         return True
 
     def _checkpoint(self, *, unlocked: bool = False, quiet: bool = False) -> bytes | None:
-        """Write the snapshot by temp file + fsync + rename + directory fsync. Best effort: the
-        journal already holds everything, so a failure here is logged (unless ``quiet``), not
-        raised. The bytes written, or None.
+        """Write the snapshot by temp file + fsync + rename + directory fsync; the bytes written
+        or None. Best effort: the journal holds everything; a failure is logged (not ``quiet``).
 
         ``unlocked``: written after releasing the registry lock (writers are not stalled by a
         large snapshot). Our state is consistent at our offset, whose bytes are durable; a

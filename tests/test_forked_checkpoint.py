@@ -179,3 +179,27 @@ def test_the_child_runs_none_of_the_hosts_handlers(tmp_path: Path, forking: list
     lines = marks.read_text().splitlines() if marks.exists() else []
     # The child's failure was logged by the parent, and nothing ran in a child.
     assert lines and all(line == f"log {parent}" for line in lines), lines
+
+
+def test_encoding_leaves_the_table_it_was_given_as_it_was(tmp_path: Path) -> None:
+    """encode_snapshot swaps a new table into the state; a thread still reading the old one
+    (taken before) sees it whole: its changes and bytes untouched, every answer the same."""
+    reg = Registry(tmp_path / "reg", durability="process")
+    for i in range(20):
+        reg.claim(f"t{i}", owner="a", ttl=600)
+    reg.store.checkpoint()  # type: ignore[attr-defined]
+    for i in range(5):
+        token = reg.claim(f"n{i}", owner="b", ttl=600).token
+        assert token is not None
+        reg.complete(f"n{i}", token=token)
+    state = reg.store._state  # type: ignore[attr-defined]
+    old = state.claims
+    assert isinstance(old, SnapshotClaims) and old._claims
+    changed, data = dict(old._claims), old._data
+    before = {t: old.get(t) for t in old.tasks()}
+    snapshot.encode_snapshot(state, reg.store._offset)  # type: ignore[attr-defined]
+    assert state.claims is not old
+    assert old._claims == changed and old._data is data
+    assert {t: old.get(t) for t in old.tasks()} == before
+    assert {t: state.claims.get(t) for t in state.claims.tasks()} == before
+    reg.close()

@@ -171,3 +171,25 @@ def test_a_large_remainder_is_sealed_by_a_helper_too(tmp_path: Path, small: list
     assert [json.loads(x)["seq"] for x in lines] == list(range(1, len(lines) + 1))
     assert claims_view(reg.store.read()) == claims_view(replay(lines))
     reg.close()
+
+
+@pytest.mark.slow
+def test_the_idle_keeper_finishes_a_rotation(tmp_path: Path, small: list[int],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer that stops right after sealing has its rotation finished at rest (the idle
+    keeper's settle, which does not wait), without another operation."""
+    d = tmp_path / "r"
+    reg = fleetclaims.Registry(d, durability="process")
+    n = 0
+    while not segments.sealed(d):
+        n += 1
+        reg.claim(f"x{n}", owner="o", ttl=60)
+    assert _first_seq(d) == 1
+    deadline = time.monotonic() + 20
+    while _first_seq(d) == 1 and time.monotonic() < deadline:
+        time.sleep(0.2)  # (the keeper settles IDLE s after the last write)
+    assert _first_seq(d) == segments.sealed(d)[-1].last + 1
+    lines = _whole(d)
+    assert [json.loads(x)["seq"] for x in lines] == list(range(1, len(lines) + 1))
+    assert claims_view(reg.store.read()) == claims_view(replay(lines))
+    reg.close()

@@ -77,7 +77,10 @@ def rotate(store: CatchUp) -> None:
     assert state is not None and store._fd >= 0
     pending = _PENDING.get(store)
     if pending is not None and pending.owner == os.getpid():
-        if _finish(store, pending) is not None:
+        # (past twice the threshold, the child is waited for: the active journal, and the
+        # lines carried over, stay bounded however slow it is)
+        block = store._offset >= 2 * segments.SEGMENT_BYTES
+        if _finish(store, pending, block=block) is not None:
             return  # still written by the child, or finished: the new journal is short
     elif pending is not None:
         del _PENDING[store]
@@ -128,12 +131,14 @@ def _write_side(store: CatchUp, side: Path, sync: bool) -> bool:
     return True
 
 
-def settle(store: CatchUp) -> None:
-    """Finish this handle's rotation, waiting for its child (locked, at the head: a writer
-    leaving the files at rest, so that ``zcat segments/*; cat audit.jsonl`` is one chain)."""
+def settle(store: CatchUp, *, block: bool) -> None:
+    """Finish this handle's rotation if its child is done (waiting for it when ``block``),
+    locked, at the head: a writer leaving the files at rest (close; the idle keeper's catch-up
+    finishes one whose child is done), so that ``zcat segments/*; cat audit.jsonl`` is one
+    chain."""
     pending = _PENDING.get(store)
     if pending is not None and pending.owner == os.getpid():
-        _finish(store, pending, block=True)
+        _finish(store, pending, block=block)
 
 
 def _finish(store: CatchUp, pending: _Pending, *, block: bool = False) -> bool | None:

@@ -459,7 +459,7 @@ class FileStore(History):
             with self._lock.held():
                 self._catch_up(writer=True)
                 if wait:  # (a rotation whose snapshot a child writes: finished)
-                    rotation.settle(self)
+                    rotation.settle(self, block=True)
                 owed = at.refusals.take()
                 if owed:
                     self._append(owed, self.clock.now().wall, sync=False)

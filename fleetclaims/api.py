@@ -238,7 +238,7 @@ class Registry(QueueMethods):
     def _mine(self, state: State, task: str, raw: str) -> Claim:
         claim = state.claims.get(task)
         assert claim is not None
-        return claim.with_token(raw)
+        return ev.with_token(claim, raw)
 
     def renew(self, task: str, *, token: str, ttl: float | None = None,
               remote: str | None = None) -> Claim:

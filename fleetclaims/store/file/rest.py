@@ -293,6 +293,8 @@ def fork_worker(work: Any, *, faults_ok: bool = False) -> int:
             import signal
 
             gc.disable()  # (a collection would copy every page it touches)
+            with contextlib.suppress(OSError):
+                os.nice(10)  # (on a busy machine the writer it was forked from goes first)
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             FAULTS.crash_hook = None  # (faults_ok: the crash points are the parent's)

@@ -77,9 +77,9 @@ def rotate(store: CatchUp) -> None:
     assert state is not None and store._fd >= 0
     pending = _PENDING.get(store)
     if pending is not None and pending.owner == os.getpid():
-        # (past twice the threshold, the child is waited for: the active journal, and the
-        # lines carried over, stay bounded however slow it is)
-        block = store._offset >= 2 * segments.SEGMENT_BYTES
+        # (a threshold's worth of lines written since it sealed: the child is waited for, so
+        # the active journal and the lines carried over stay bounded however slow it is)
+        block = store._offset - pending.base >= segments.SEGMENT_BYTES
         if _finish(store, pending, block=block) is not None:
             return  # still written by the child, or finished: the new journal is short
     elif pending is not None:

@@ -150,6 +150,25 @@ def read_proc(path: str) -> bytes:
         os.close(fd)
 
 
+def foreign_threads() -> bool | None:
+    """Whether this process runs live native threads Python does not know of (a gRPC or
+    database driver pool), None when its threads cannot be listed (no /proc)."""
+    import threading
+
+    try:
+        native = {int(t) for t in os.listdir("/proc/self/task")}
+    except (OSError, ValueError):
+        return None
+    for tid in native - {t.native_id for t in threading.enumerate()}:
+        try:  # (a Python thread that just ended may linger a moment: a zombie)
+            state = read_proc(f"/proc/self/task/{tid}/stat").rsplit(b")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            return True
+    return False
+
+
 def probe(pid: int) -> Probe:
     """Look at a PID on this machine: gone, zombie, start ticks, or denied."""
     try:

@@ -249,19 +249,13 @@ def fork_safe() -> str | None:
         return "FLEETCLAIMS_NO_FORK is set"
     if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
         return "no fork on this platform"
-    try:
-        native = {int(t) for t in os.listdir("/proc/self/task")}
-    except (OSError, ValueError):
+    from ...system import foreign_threads
+
+    foreign = foreign_threads()
+    if foreign is None:
         return "the process's threads cannot be listed"
-    foreign = native - {t.native_id for t in threading.enumerate()}
-    for tid in foreign:  # (a Python thread that just ended may linger a moment)
-        try:
-            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[-1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in (b"Z", b"X"):
-            return "native threads unknown to Python"
+    if foreign:
+        return "native threads unknown to Python"
     return None
 
 

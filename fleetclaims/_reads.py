@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .core import queue, rules
 from .core.model import ACTIVE, COMPLETED, EXPIRED, Claim, Now
-from .store.base import Event, EventPage
+from .store.base import Event, EventPage, Store
 
 if TYPE_CHECKING:
     from .core.state import State
@@ -105,6 +105,23 @@ def count(state: State, now: Now) -> Stats:
         per_owner={o: OwnerStats(**c) for o, c in sorted(owners.items())},
         queue=by_readiness,
     )
+
+
+def events(store: Store, after: int, limit: int, wanted: frozenset[str] | set[str] | None,
+           task: str | None, owner: str | None, since: float | None,
+           until: float | None) -> EventPage:
+    """Registry.events() over ``store``: with a task, a store that can read one task's lines
+    alone (the file store's ``task_events``: segment indexes, a bytes search) does so."""
+    quick = None if task is None else getattr(store, "task_events", None)
+    if quick is not None:
+        head = store.read().seq  # (before the read: no later line is skipped)
+        page = event_page((e for e in quick(task) if e["seq"] > after), after, limit, wanted,
+                          task, owner, since, until)
+        if page.more:
+            return page
+        return EventPage(page.events, max(page.next_cursor, head), False)
+    return event_page(store.iter_events(after), after, limit, wanted, task, owner, since,
+                      until)
 
 
 def event_page(events: Iterable[dict[str, Any]], after: int, limit: int,

@@ -542,16 +542,7 @@ class Registry(QueueMethods):
         wanted = validate.event_types(types, ev.ALL_TYPES)
         task = None if task is None else validate.task(task)
         owner = None if owner is None else validate.owner(owner)
-        quick = None if task is None else getattr(self.store, "task_events", None)
-        if quick is not None:  # a file store reads the task's lines alone (segment indexes)
-            head = self.store.read().seq  # (before the read: no later line is skipped)
-            page = _reads.event_page((e for e in quick(task) if e["seq"] > after), after,
-                                     limit, wanted, task, owner, since, until)
-            if page.more:
-                return page
-            return EventPage(page.events, max(page.next_cursor, head), False)
-        return _reads.event_page(self.store.iter_events(after), after, limit, wanted, task,
-                                 owner, since, until)
+        return _reads.events(self.store, after, limit, wanted, task, owner, since, until)
 
     def verify(self) -> VerifyReport:
         """Check the whole journal (hash chain, sequence) and the snapshot against it."""

@@ -5,6 +5,7 @@ Kept free of pytest fixtures so the stress scripts in ``stress/`` can import it 
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ import orjson
 from fleetclaims import Claim, Registry
 from fleetclaims.core import events as ev
 from fleetclaims.core.state import State
+from fleetclaims.store.file import segments
 from fleetclaims.store.file.journal import apply_checked, parse_line
 from fleetclaims.store.file.reader import iter_lines
 from fleetclaims.store.file.store import FileStore
@@ -162,3 +164,16 @@ def run_workers(ctx: Any, target: Callable[..., None], tmp_path: Path, n: int,
         p.join(timeout)
         assert p.exitcode == 0, f"a worker exited with {p.exitcode}"
     return [[tuple(a) for a in json.loads(Path(log).read_text())] for log in logs]
+
+
+def whole_journal(d: Path) -> list[bytes]:
+    """Every line of the journal, sealed segments first (as ``zcat`` and ``cat`` show them),
+    lines that a rotation cut short left in audit.jsonl too counted once."""
+    lines: list[bytes] = []
+    for seg in segments.sealed(d):
+        lines += gzip.decompress(seg.path.read_bytes()).splitlines()
+    last = json.loads(lines[-1])["seq"] if lines else 0
+    for line in (d / "audit.jsonl").read_bytes().rstrip(b"\0").splitlines():
+        if json.loads(line)["seq"] > last:
+            lines.append(line)
+    return lines

@@ -105,11 +105,9 @@ def long_journal(reg_dir: Path, n: int) -> None:
     os.unlink(reg_dir / "claims.json")
 
 
-def test_long_replay_holds_no_lock_and_leaves_a_snapshot(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    reg_dir = tmp_path / "reg"
-    long_journal(reg_dir, 400)
-    held = []
+def _locked_applies(reg_dir: Path, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """One entry per journal line applied from now on: whether the lock was held then."""
+    held: list[bool] = []
     real = journal.apply_checked
 
     def watched(state: Any, event: Any, offset: int, path: str) -> None:
@@ -117,6 +115,14 @@ def test_long_replay_holds_no_lock_and_leaves_a_snapshot(tmp_path: Path,
         real(state, event, offset, path)
 
     monkeypatch.setattr(catchup, "apply_checked", watched)
+    return held
+
+
+def test_long_replay_holds_no_lock_and_leaves_a_snapshot(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    reg_dir = tmp_path / "reg"
+    long_journal(reg_dir, 400)
+    held = _locked_applies(reg_dir, monkeypatch)
     reg = Registry(reg_dir)
     reg.claim("new", owner="b")
     assert len(held) >= 400
@@ -135,14 +141,7 @@ def test_a_damaged_snapshot_is_replayed_past_once_and_without_the_lock(
         reg.claim(f"live-{i}", owner="filler", ttl=86400.0, process=False)
     reg.close()
     (reg_dir / "claims.json").write_bytes(b'{"format": 2, "seq": 1, "garbage"')
-    held = []
-    real = journal.apply_checked
-
-    def watched(state: Any, event: Any, offset: int, path: str) -> None:
-        held.append(not lock_free(reg_dir))
-        real(state, event, offset, path)
-
-    monkeypatch.setattr(catchup, "apply_checked", watched)
+    held = _locked_applies(reg_dir, monkeypatch)
     again = Registry(reg_dir)
     again.claim("new", owner="b")
     assert 300 <= len(held) < 330  # once, not twice

@@ -207,16 +207,7 @@ def test_reads_of_a_damaged_journal_show_the_verified_state(tmp_path: Path) -> N
     """A damaged line mid-journal: reads return the state before it and name the damage
     (store.damage: seq and offset); a write refuses with AuditCorrupt."""
     d = tmp_path / "r"
-    reg = Registry(d)
-    for i in range(4):
-        reg.claim(f"t{i}", owner="a")
-    reg.close()
-    os.unlink(d / "claims.json")
-    raw = bytearray((d / "audit.jsonl").read_bytes())
-    lines = bytes(raw).split(b"\n")
-    at = sum(len(x) + 1 for x in lines[:3])
-    raw[at + 20] ^= 0x01  # inside seq 4 (t2)
-    (d / "audit.jsonl").write_bytes(bytes(raw))
+    at, _ = _damaged(d)  # a byte flipped inside seq 4 (t2's grant)
     reg = Registry(d)
     assert {c.task for c in reg.claims()} == {"t0", "t1"}
     damage = reg.store.damage  # type: ignore[attr-defined]

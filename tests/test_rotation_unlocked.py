@@ -10,7 +10,6 @@ the other handle's stale checkpoint is still the rotation's.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fc_support import claims_view, replay
+from fc_support import claims_view, replay, whole_journal
 
 import fleetclaims
 from fleetclaims.store.file import preseal, rest, rotation, segments, snapshot
@@ -42,17 +41,6 @@ def small(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(rotation, "encode_snapshot", counted)
     return encodes
-
-
-def _whole(d: Path) -> list[bytes]:
-    lines: list[bytes] = []
-    for seg in segments.sealed(d):
-        lines += gzip.decompress(seg.path.read_bytes()).splitlines()
-    last = json.loads(lines[-1])["seq"] if lines else 0
-    for line in (d / "audit.jsonl").read_bytes().rstrip(b"\0").splitlines():
-        if json.loads(line)["seq"] > last:
-            lines.append(line)
-    return lines
 
 
 def _first_seq(d: Path) -> int:
@@ -80,7 +68,7 @@ def test_the_rotation_snapshot_is_written_by_a_child(tmp_path: Path, small: list
     assert snap is not None and snap.offset == 0 and snap.state.seq == sealed.last
     assert not [p for p in os.listdir(d) if p.startswith(rotation.SIDE_PREFIX)]
     assert small == []
-    lines = _whole(d)
+    lines = whole_journal(d)
     assert [json.loads(x)["seq"] for x in lines] == list(range(1, len(lines) + 1))
     fresh = fleetclaims.Registry(d)
     assert fresh.verify().ok
@@ -114,7 +102,7 @@ def test_a_stale_unlocked_checkpoint_does_not_land_after_a_switch(
     assert (d / "claims.json").read_bytes() == before
     fresh = fleetclaims.Registry(d)
     assert fresh.verify().ok and fresh.get("a1") is not None
-    lines = _whole(d)
+    lines = whole_journal(d)
     assert claims_view(fresh.store.read()) == claims_view(replay(lines))
     assert claims_view(a.store.read()) == claims_view(replay(lines))
     for reg in (fresh, a, b):
@@ -167,7 +155,7 @@ def test_a_large_remainder_is_sealed_by_a_helper_too(tmp_path: Path, small: list
     assert _first_seq(d) == sealed[-1].last + 1 and len(sealed) >= 2, sealed
     assert sealed[0].first == 1 and sealed[0].first not in inline  # the bulk: a helper
     assert sealed[1].first not in inline, (sealed, inline)  # the remainder: a second one
-    lines = _whole(d)
+    lines = whole_journal(d)
     assert [json.loads(x)["seq"] for x in lines] == list(range(1, len(lines) + 1))
     assert claims_view(reg.store.read()) == claims_view(replay(lines))
     reg.close()
@@ -189,7 +177,7 @@ def test_the_idle_keeper_finishes_a_rotation(tmp_path: Path, small: list[int],
     while _first_seq(d) == 1 and time.monotonic() < deadline:
         time.sleep(0.2)  # (the keeper settles IDLE s after the last write)
     assert _first_seq(d) == segments.sealed(d)[-1].last + 1
-    lines = _whole(d)
+    lines = whole_journal(d)
     assert [json.loads(x)["seq"] for x in lines] == list(range(1, len(lines) + 1))
     assert claims_view(reg.store.read()) == claims_view(replay(lines))
     reg.close()

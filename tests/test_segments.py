@@ -9,7 +9,6 @@ missing segments are named (file, what to do), and nothing is deleted or rewritt
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import signal
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fc_support import claims_view, replay, run_python
+from fc_support import claims_view, replay, run_python, whole_journal
 
 import fleetclaims
 from fleetclaims.core.errors import AuditCorrupt, SegmentDamaged
@@ -25,19 +24,6 @@ from fleetclaims.store.file import doctor, preseal, segments, verify_par
 from fleetclaims.store.file.faults import CRASH_POINTS
 
 pytestmark = pytest.mark.unit
-
-
-def whole_journal(d: Path) -> list[bytes]:
-    """Every line of the journal, sealed segments first (as ``zcat`` and ``cat`` show them),
-    lines that a rotation cut short left in audit.jsonl too counted once."""
-    lines: list[bytes] = []
-    for seg in segments.sealed(d):
-        lines += gzip.decompress(seg.path.read_bytes()).splitlines()
-    last = json.loads(lines[-1])["seq"] if lines else 0
-    for line in (d / "audit.jsonl").read_bytes().rstrip(b"\0").splitlines():
-        if json.loads(line)["seq"] > last:
-            lines.append(line)
-    return lines
 
 
 def _work(reg: fleetclaims.Registry, n: int, prefix: str = "t") -> None:

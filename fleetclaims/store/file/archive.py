@@ -78,14 +78,7 @@ def _last_ts(seg: segments.Segment) -> float:
 
 def _copy(src: Path, dst_dir: Path, sync: bool) -> None:
     tmp = dst_dir / f".{src.name}.tmp"
-    data = src.read_bytes()
-    fd = fsutil.open_file(tmp, os.O_WRONLY | os.O_TRUNC, create=True)
-    try:
-        write_at(fd, data, 0)
-        if sync:
-            osc.fsync(fd)
-    finally:
-        os.close(fd)
+    segments.write_new(tmp, src.read_bytes(), sync=sync)
     osc.replace(str(tmp), str(dst_dir / src.name))
 
 

@@ -238,6 +238,18 @@ class Packed:
     index: bytes
 
 
+def write_new(path: Path, data: bytes, *, sync: bool) -> None:
+    """Write ``data`` as the file ``path`` (0600, not a link), fsynced when ``sync``: a
+    segment or an archived copy before it is renamed into place."""
+    fd = fsutil.open_file(path, os.O_WRONLY | os.O_TRUNC, create=True)
+    try:
+        write_at(fd, data, 0)
+        if sync:
+            osc.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def pack(directory: Path, data: bytes, first: int, last: int, *, sync: bool) -> Packed:
     """Compress ``data`` into a temp file beside the segments (a name of its own: two
     processes may pack the same lines at once)."""
@@ -247,13 +259,7 @@ def pack(directory: Path, data: bytes, first: int, last: int, *, sync: bool) -> 
     packed, blocks = _compress(data)
     index = orjson.dumps(_index(data, blocks))
     tmp = folder / f".{seg.path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
-    fd = fsutil.open_file(tmp, os.O_WRONLY | os.O_TRUNC, create=True)
-    try:
-        write_at(fd, packed, 0)
-        if sync:
-            osc.fsync(fd)
-    finally:
-        os.close(fd)
+    write_new(tmp, packed, sync=sync)
     crash_point("segment.after_compress")
     return Packed(tmp, seg, index)
 

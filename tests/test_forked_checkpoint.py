@@ -23,7 +23,7 @@ import pytest
 from fc_support import claims_view
 
 from fleetclaims import Registry
-from fleetclaims.store.file import rest, snapshot
+from fleetclaims.store.file import forked, rest, snapshot
 from fleetclaims.store.file import store as fstore
 from fleetclaims.store.file.snapshot_table import SnapshotClaims
 
@@ -55,8 +55,9 @@ def forking(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 @pytest.mark.slow
-def test_the_parent_rebases_on_the_files_its_children_wrote(tmp_path: Path,
-                                                            forking: list[int]) -> None:
+def test_the_parent_rebases_on_the_files_its_children_wrote(
+        tmp_path: Path, forking: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forked, "ADOPT_MIN", 100)  # (2048 by default: scaled to this test)
     reg = Registry(tmp_path / "reg", durability="process")
     reg.claim("first", owner="a")
     reg.store.checkpoint()  # type: ignore[attr-defined]
@@ -81,6 +82,37 @@ def test_the_parent_rebases_on_the_files_its_children_wrote(tmp_path: Path,
     assert claims_view(store.read()) == claims_view(fresh.store.read())
     for i in (0, 1, 2, 899):
         assert reg.get(f"t{i}") == fresh.get(f"t{i}")
+    fresh.close()
+    reg.close()
+
+
+@pytest.mark.slow
+def test_few_changes_are_kept_without_rereading_the_file(
+        tmp_path: Path, forking: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below ADOPT_MIN changed entries the parent does not read back what its child wrote
+    (that read stalled its operations at 100,000 claims): a writer cycling over a few tasks
+    keeps them beside its old base, checkpoint after checkpoint, and stays right."""
+    reads: list[int] = []
+    real = forked._read
+
+    def counted(job: Any, fd: int) -> None:
+        reads.append(fd)
+        real(job, fd)
+
+    monkeypatch.setattr(forked, "_read", counted)
+    reg = Registry(tmp_path / "reg", durability="process")
+    reg.claim("first", owner="a")
+    reg.store.checkpoint()  # type: ignore[attr-defined]
+    for i in range(600):
+        task = f"t{i % 20}"
+        reg.release(task, token=reg.claim(task, owner="a", ttl=600).token)
+        if i % 50 == 49:
+            time.sleep(0.05)
+    assert len([p for p in forking if p > 0]) >= 3, forking
+    assert reads == [] and _changed(reg) <= 21
+    reg.store._reap(block=True)  # type: ignore[attr-defined]
+    fresh = Registry(tmp_path / "reg")
+    assert claims_view(reg.store.read()) == claims_view(fresh.store.read())
     fresh.close()
     reg.close()
 

@@ -43,6 +43,12 @@ def small(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return encodes
 
 
+def _rotating(reg: fleetclaims.Registry) -> bool:
+    """Whether ``reg``'s rotation is under way: its child packs the lines and writes the
+    snapshot; the segment is installed and the journal switched once it is done."""
+    return rotation._PENDING.get(reg.store) is not None  # type: ignore[call-overload]
+
+
 def _first_seq(d: Path) -> int:
     return int(json.loads((d / "audit.jsonl").read_bytes().split(b"\n", 1)[0])["seq"])
 
@@ -51,18 +57,20 @@ def test_the_rotation_snapshot_is_written_by_a_child(tmp_path: Path, small: list
     d = tmp_path / "r"
     reg = fleetclaims.Registry(d, durability="process")
     n = 0
-    while not segments.sealed(d):
+    while not _rotating(reg):
         n += 1
         reg.claim(f"x{n}", owner="o", ttl=60)
-    sealed = segments.sealed(d)[-1]
     assert small == []  # the writer encoded nothing under the lock
     assert _first_seq(d) == 1  # not switched yet: the child writes the snapshot
+    assert not segments.sealed(d)  # nor sealed: the child packs the lines too
     deadline = time.monotonic() + 20
     while _first_seq(d) == 1 and time.monotonic() < deadline:
         n += 1
         reg.claim(f"x{n}", owner="o", ttl=60)
         time.sleep(0.01)
-    # Switched: the new journal starts right after the sealed head, claims.json is there.
+    # Switched: the segment is in place, the new journal starts right after the sealed head,
+    # claims.json is there.
+    sealed = segments.sealed(d)[-1]
     assert _first_seq(d) == sealed.last + 1
     snap = snapshot.read_snapshot(d / "claims.json")[0]
     assert snap is not None and snap.offset == 0 and snap.state.seq == sealed.last
@@ -85,7 +93,7 @@ def test_a_stale_unlocked_checkpoint_does_not_land_after_a_switch(
     b = fleetclaims.Registry(d, durability="process")
     a.claim("a0", owner="a", ttl=60)
     n = 0
-    while not segments.sealed(d):
+    while not _rotating(b):
         n += 1
         b.claim(f"b{n}", owner="b", ttl=60)
     a.claim("a1", owner="a", ttl=60)  # A's state is past the sealed head, in the old journal
@@ -169,7 +177,7 @@ def test_the_idle_keeper_finishes_a_rotation(tmp_path: Path, small: list[int],
     d = tmp_path / "r"
     reg = fleetclaims.Registry(d, durability="process")
     n = 0
-    while not segments.sealed(d):
+    while not _rotating(reg):
         n += 1
         reg.claim(f"x{n}", owner="o", ttl=60)
     assert _first_seq(d) == 1

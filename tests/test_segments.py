@@ -261,17 +261,18 @@ def test_a_helper_seals_the_bulk_outside_the_lock(tmp_path: Path, small: None,
         time.sleep(0.05)
     bulk = segments.sealed(d)
     assert len(bulk) == 1 and _data_size(d) >= segments.SEGMENT_BYTES
-    reg.claim("tail", owner="o", ttl=60)  # rotates: seals only the lines after the bulk
-    sealed = segments.sealed(d)
-    assert len(sealed) == 2 and sealed[1].first == bulk[0].last + 1
-    assert sealed[1].last - sealed[1].first < 5
-    # Its snapshot is written by a forked child; the writer's next operation once the child
-    # is done switches the journal (the lines after the sealed head carried over).
+    reg.claim("tail", owner="o", ttl=60)  # rotates: only the lines after the bulk
+    # A forked child packs those lines and writes the snapshot; the writer's next operation
+    # once the child is done installs the small segment and switches the journal (the lines
+    # after the sealed head carried over).
     n = 0
-    while _first_seq(d) != sealed[1].last + 1 and time.monotonic() < deadline:
+    while len(segments.sealed(d)) < 2 and time.monotonic() < deadline:
         n += 1
         reg.claim(f"after{n}", owner="o", ttl=60)
         time.sleep(0.01)
+    sealed = segments.sealed(d)
+    assert len(sealed) == 2 and sealed[1].first == bulk[0].last + 1
+    assert sealed[1].last - sealed[1].first < 5
     assert _first_seq(d) == sealed[1].last + 1 and len(segments.sealed(d)) == 2
     lines = (d / "audit.jsonl").read_bytes().rstrip(b"\0").splitlines()
     assert len(lines) == n + 1  # the operation that sealed ("tail") and those after it

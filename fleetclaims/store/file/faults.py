@@ -100,7 +100,7 @@ class _OS:
                 return error(*args)
         return real(*args)
 
-    def write(self, fd: int, data: bytes, offset: int | None = None) -> int:
+    def write(self, fd: int, data: bytes | memoryview, offset: int | None = None) -> int:
         if offset is None:
             return int(self._call("write", os.write, fd, data))
         return int(self._call("write", os.pwrite, fd, data, offset))

@@ -7,7 +7,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,53 @@ def check_fd(fd: int, path: Path, *, reading: bool = False) -> os.stat_result:
             reading and st.st_uid == os.lstat(path.parent).st_uid):
         raise UnsafeRegistry(str(path), f"it is owned by uid {st.st_uid}, not by you")
     return st
+
+
+# A large file written beside live writers (a snapshot, a segment) is flushed every this many
+# bytes, not once at the end: a single fsync of 40 MB fills the device queue for tens of ms,
+# and every writer's fdatasync issued meanwhile waits behind it (the slowest operation at
+# 100,000 claims went from ~21 ms to ~10 ms; bench/README.md "Paced flushing").
+PACE = 1 << 20
+
+
+def write_paced(fd: int, data: bytes | memoryview, *, sync: bool,
+                halfway: Callable[[], None] | None = None) -> None:
+    """Write all of ``data`` at the file position of ``fd`` in PACE-sized pieces, each made
+    durable before the next when ``sync`` (the caller still fsyncs at the end: the file's
+    size and metadata). ``halfway`` runs once half is written (a crash point)."""
+    view = memoryview(data)
+    total, pos, half = len(view), 0, len(view) // 2
+    while pos < total:
+        end = min(pos + PACE, total)
+        while pos < end:
+            n = osc.write(fd, view[pos:end])
+            if n <= 0:
+                raise OSError(errno.EIO, f"short write ({pos} of {total} bytes)")
+            pos += n
+        if halfway is not None and pos >= half:
+            halfway()
+            halfway = None
+        if sync and pos < total:
+            osc.fdatasync(fd)
+
+
+def replace_over(src: Path, dst: Path) -> int:
+    """Rename ``src`` over ``dst``; a descriptor of the file replaced (-1: none) for the
+    caller to close once convenient. A rename over the last link of a large file frees its
+    blocks inside the rename, under the directory's lock (~17 ms for 40 MB on ext4), and
+    every process listing or changing the directory meanwhile waits; freed at the close of
+    a descriptor held across the rename, they are freed outside that lock."""
+    try:
+        old = os.open(dst, os.O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+    except OSError:
+        old = -1
+    try:
+        osc.replace(str(src), str(dst))
+    except BaseException:
+        if old >= 0:
+            os.close(old)
+        raise
+    return old
 
 
 def fsync_dir(path: Path) -> None:

@@ -76,6 +76,9 @@ class RegistryLock:
         self.path = path
         self.timeout = timeout
         self.fd = -1
+        # Work decided under the lock that must not run under it (starting a helper process
+        # takes ~10 ms): run, in order, right after the next release.
+        self.after: list[Callable[[], None]] = []
 
     def open(self) -> None:
         try:
@@ -99,10 +102,17 @@ class RegistryLock:
         try:
             yield
         finally:
-            _unlock(self.fd)
+            self.release()
 
     def release(self) -> None:
         _unlock(self.fd)
+        if self.after:
+            self._run_after()
+
+    def _run_after(self) -> None:
+        jobs, self.after = self.after, []
+        for job in jobs:
+            job()  # (each job handles its own failures: it is best effort by design)
 
     def acquire(self, idle: Callable[[], bool] | None = None) -> None:
         """Take the lock; while contended, call ``idle()`` between tries (see ``_wait``)."""

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from . import segments
+from ...system import background_priority
+from . import rest, segments
 from .journal import seq_of
 
 ENABLED = True
@@ -35,7 +35,7 @@ _CODE = ("import sys\nfrom fleetclaims.store.file.preseal import main\n"
 
 __all__ = ["ENABLED", "helper_env", "main", "pending"]
 
-_HELPERS: list[subprocess.Popen[bytes]] = []  # this process's helpers, until reaped
+_HELPERS: list[int] = []  # this process's helpers (pids), until reaped
 
 
 def helper_env() -> dict[str, str]:
@@ -51,9 +51,13 @@ def _marker(directory: Path, ino: int) -> Path:
     return directory / segments.DIRNAME / f".presealing-{ino}"
 
 
-def pending(directory: Path, ino: int, start: int, end: int, first: int, last: int) -> bool:
+def pending(directory: Path, ino: int, start: int, end: int, first: int, last: int,
+            later: Callable[[Callable[[], None]], None]) -> bool:
     """Whether a helper is (now) sealing the journal's lines ``first``..``last`` (bytes
-    [start, end)): True when the writer should go on without sealing inline."""
+    [start, end)): True when the writer should go on without sealing inline. A new helper
+    is claimed here (its marker) and started by ``later`` (after the lock is released:
+    starting a process takes ~10 ms); should that fail, its marker goes and the next
+    rotation seals the lines."""
     if not ENABLED:
         return False
     marker = _marker(directory, ino)
@@ -69,19 +73,22 @@ def pending(directory: Path, ino: int, start: int, end: int, first: int, last: i
         return True  # another writer spawned one just now
     except OSError:
         return False
-    _HELPERS[:] = [h for h in _HELPERS if h.poll() is None]  # (reaped: no zombies)
-    _sweep(directory / segments.DIRNAME)
-    try:
-        _HELPERS.append(subprocess.Popen(
-            [sys.executable, "-c", _CODE, str(directory), str(ino), str(start), str(end),
-             str(first), str(last)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True, env=helper_env()))
-    except OSError:
+    argv = ["-c", _CODE, str(directory), str(ino), str(start), str(end), str(first),
+            str(last)]
+    later(lambda: _start(directory, marker, argv))
+    return True
+
+
+def _start(directory: Path, marker: Path, argv: list[str]) -> None:
+    _HELPERS[:] = [pid for pid in _HELPERS if rest.reaped(pid, block=False) is None]
+    with contextlib.suppress(OSError):
+        _sweep(directory / segments.DIRNAME)
+    pid = rest.spawn_helper(argv, helper_env())
+    if pid:
+        _HELPERS.append(pid)
+    else:
         with contextlib.suppress(OSError):
             marker.unlink()
-        return False
-    return True
 
 
 def _sweep(folder: Path) -> None:
@@ -100,6 +107,8 @@ def main(argv: list[str]) -> int:
     inode is ``ino``) and install them as a sealed segment, under the lock, if still wanted."""
     from .catchup import JOURNAL, LOCK
     from .lock import RegistryLock
+
+    background_priority(10, session=True)  # (writers go first: it is work no operation waits on)
 
     directory = Path(argv[0])
     ino, start, end, first, last = (int(a) for a in argv[1:6])

@@ -243,25 +243,62 @@ def write_new(path: Path, data: bytes, *, sync: bool) -> None:
     segment or an archived copy before it is renamed into place."""
     fd = fsutil.open_file(path, os.O_WRONLY | os.O_TRUNC, create=True)
     try:
-        write_at(fd, data, 0)
+        fsutil.write_paced(fd, data, sync=sync)
         if sync:
             osc.fsync(fd)
     finally:
         os.close(fd)
 
 
-def pack(directory: Path, data: bytes, first: int, last: int, *, sync: bool) -> Packed:
+def pack(directory: Path, data: bytes, first: int, last: int, *, sync: bool,
+         tmp: Path | None = None) -> Packed:
     """Compress ``data`` into a temp file beside the segments (a name of its own: two
-    processes may pack the same lines at once)."""
+    processes may pack the same lines at once), or into ``tmp`` (see ``packed_by_child``)."""
     folder = directory / DIRNAME
     folder.mkdir(mode=0o700, exist_ok=True)
     seg = Segment(folder / name(first, last), first, last)
     packed, blocks = _compress(data)
     index = orjson.dumps(_index(data, blocks))
-    tmp = folder / f".{seg.path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
+    if tmp is None:
+        tmp = folder / f".{seg.path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
     write_new(tmp, packed, sync=sync)
     crash_point("segment.after_compress")
     return Packed(tmp, seg, index)
+
+
+def child_pack_path(directory: Path, first: int, last: int, pid: int) -> Path:
+    """Where a rotation's forked child packs lines ``first``..``last`` for its parent ``pid``
+    to install (a temp name: swept like a helper's if nobody installs it)."""
+    return directory / DIRNAME / f".{name(first, last)}.{pid}-child.tmp"
+
+
+def pack_for_parent(directory: Path, data: bytes, first: int, last: int, *, sync: bool,
+                    tmp: Path) -> None:
+    """In a forked child: pack into ``tmp`` and leave the index beside it (``.idx``)."""
+    packed = pack(directory, data, first, last, sync=sync, tmp=tmp)
+    write_new(_child_index(tmp), packed.index, sync=False)
+
+
+def packed_by_child(directory: Path, first: int, last: int, tmp: Path) -> Packed | None:
+    """What ``pack_for_parent`` left at ``tmp``, ready to install; None when it is not there."""
+    try:
+        with open(_child_index(tmp), "rb") as f:
+            index = f.read()
+        if not tmp.is_file():
+            return None
+    except OSError:
+        return None
+    return Packed(tmp, Segment(directory / DIRNAME / name(first, last), first, last), index)
+
+
+def _child_index(tmp: Path) -> Path:
+    return tmp.with_name(tmp.name.removesuffix(".tmp") + ".idx.tmp")  # (swept as a temp file)
+
+
+def discard_child_pack(tmp: Path) -> None:
+    for path in (tmp, _child_index(tmp)):
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def install(packed: Packed, *, sync: bool) -> Segment:

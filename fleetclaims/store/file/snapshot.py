@@ -9,7 +9,6 @@ or the new one, never a mixture.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import os
 import threading
@@ -357,18 +356,17 @@ def write_snapshot(directory: Path, target: Path, data: bytes, *, sync: bool,
     try:
         fd = fsutil.open_file(tmp, os.O_WRONLY | os.O_EXCL, create=True)
         try:
-            half = len(data) // 2
-            view = memoryview(data)
-            pos = 0
-            while pos < len(data):
-                n = osc.write(fd, bytes(view[pos : pos + (1 << 20)]))
-                if n <= 0:
-                    raise OSError(errno.EIO, "short write")
-                pos += n
-                if pos >= half:
-                    crash_point("snapshot.during_write")
+            # A large one is flushed even where durability does not ask for it: renamed over
+            # claims.json with its blocks not yet allocated, ext4 (auto_da_alloc) allocates
+            # and starts writing them inside the rename, under the directory's lock (~17 ms
+            # for 40 MB, the rotation's rename being made under the registry lock too).
+            flush = sync or len(data) >= fsutil.PACE
+            fsutil.write_paced(fd, data, sync=flush,
+                               halfway=lambda: crash_point("snapshot.during_write"))
             if sync:
                 osc.fsync(fd)
+            elif flush:
+                osc.fdatasync(fd)
         finally:
             os.close(fd)
         crash_point("snapshot.after_fsync")
@@ -376,10 +374,14 @@ def write_snapshot(directory: Path, target: Path, data: bytes, *, sync: bool,
                 unless is not None and unless()):
             os.unlink(tmp)
             return False
-        osc.replace(str(tmp), str(target))
-        crash_point("snapshot.after_rename")
-        if sync:
-            fsutil.fsync_dir(directory)
+        replaced = fsutil.replace_over(tmp, target)
+        try:
+            crash_point("snapshot.after_rename")
+            if sync:
+                fsutil.fsync_dir(directory)
+        finally:
+            if replaced >= 0:
+                os.close(replaced)
     except (OSError, FleetclaimsError):
         # (Not on any exception: a simulated crash must leave the temp file, as a real one.)
         with contextlib.suppress(OSError):

@@ -18,6 +18,7 @@ thread.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -32,6 +33,7 @@ from fc_support import claims_view, replay, run_python, whole_journal
 
 import fleetclaims
 from fleetclaims.store.file import fsutil, segments, snapshot
+from fleetclaims.store.file.faults import osc
 from fleetclaims.store.file.lock import RegistryLock, _try_lock, _unlock
 from fleetclaims.system import background_priority
 
@@ -123,15 +125,19 @@ def test_killed_while_a_rotation_child_is_pending(tmp_path: Path, victim: str) -
     reg.close()
 
 
+def _note(seen: list[int]) -> None:
+    seen.append(1)
+
+
 def _count_fdatasync(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    real = fsutil.osc.fdatasync
+    real = osc.fdatasync
 
     def counted(fd: int) -> None:
         calls.append(fd)
         real(fd)
 
-    monkeypatch.setattr(fsutil.osc, "fdatasync", counted)
+    monkeypatch.setattr(osc, "fdatasync", counted)  # (one object: every module's osc)
     return calls
 
 
@@ -145,7 +151,7 @@ def test_large_files_are_written_in_flushed_pieces(tmp_path: Path,
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         halfway: list[int] = []
         try:
-            fsutil.write_paced(fd, data, sync=sync, halfway=lambda h=halfway: h.append(1))
+            fsutil.write_paced(fd, data, sync=sync, halfway=functools.partial(_note, halfway))
         finally:
             os.close(fd)
         assert path.read_bytes() == data and len(calls) == flushes and halfway == [1]
@@ -155,7 +161,6 @@ def test_large_files_are_written_in_flushed_pieces(tmp_path: Path,
 def test_a_large_snapshot_is_flushed_before_its_rename(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int) -> None:
     calls = _count_fdatasync(monkeypatch)
-    monkeypatch.setattr(snapshot.osc, "fdatasync", fsutil.osc.fdatasync)
     target = tmp_path / "claims.json"
     target.write_bytes(b"old")
     keep = os.open(target, os.O_RDONLY)

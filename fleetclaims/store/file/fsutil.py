@@ -113,7 +113,7 @@ def check_fd(fd: int, path: Path, *, reading: bool = False) -> os.stat_result:
 # A large file written beside live writers (a snapshot, a segment) is flushed every this many
 # bytes, not once at the end: a single fsync of 40 MB fills the device queue for tens of ms,
 # and every writer's fdatasync issued meanwhile waits behind it (the slowest operation at
-# 100,000 claims went from ~21 ms to ~10 ms; bench/README.md "Paced flushing").
+# 100,000 claims went from ~21 ms to ~10 ms; bench/README.md, "Paced flushing").
 PACE = 1 << 20
 
 

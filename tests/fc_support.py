@@ -177,3 +177,17 @@ def whole_journal(d: Path) -> list[bytes]:
         if json.loads(line)["seq"] > last:
             lines.append(line)
     return lines
+
+
+def open_one_chain(d: Path) -> Registry:
+    """The registry at ``d`` opened after checking that its whole journal (segments, then the
+    active journal) is one chain from seq 1 that verifies and replays to the registry's state;
+    the caller closes it."""
+    lines = whole_journal(d)
+    seqs = [json.loads(line)["seq"] for line in lines]
+    assert seqs == list(range(1, len(seqs) + 1))
+    reg = Registry(d)
+    report = reg.verify()
+    assert report.ok and report.events == len(lines), report
+    assert claims_view(reg.store.read()) == claims_view(replay(lines))
+    return reg

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fc_support import claims_view, replay, run_python, whole_journal
+from fc_support import open_one_chain, run_python
 
 import fleetclaims
 from fleetclaims.store.file import fsutil, segments, snapshot
@@ -109,13 +109,7 @@ def test_killed_while_a_rotation_child_is_pending(tmp_path: Path, victim: str) -
     sealed = segments.sealed(d)
     assert sealed and segments.gap(sealed) is None
     assert all(a.last < b.first for a, b in itertools.pairwise(sealed))
-    lines = whole_journal(d)
-    seqs = [json.loads(line)["seq"] for line in lines]
-    assert seqs == list(range(1, len(seqs) + 1))
-    reg = fleetclaims.Registry(d)
-    report = reg.verify()
-    assert report.ok and report.events == len(lines), report
-    assert claims_view(reg.store.read()) == claims_view(replay(lines))
+    reg = open_one_chain(d)
     for ack in acks:
         claim = reg.get(ack["task"])
         assert claim is not None and claim.fence == ack["fence"], ack

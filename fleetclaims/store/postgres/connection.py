@@ -194,7 +194,11 @@ class Watchdog:
         self._cond = threading.Condition(threading.Lock())
         self._conn: psycopg.Connection[Any] | None = None
         self._deadline = 0.0
-        self._idle = True  # the thread waits without a timeout: arm must wake it
+        # True only while the thread waits without a timeout (arm must wake it). It used to
+        # start True, and a thread started by arm with a connection set waits with a timeout,
+        # so it stayed True while operations ran back to back: every arm woke the thread
+        # (measured: ~2 more context switches per operation, 3.5-3.8 against 1.55).
+        self._idle = False
         self._owner: tuple[int, int] | None = None  # (pid, generation) of the running thread
         self._generation = 0
         self.fired = False
@@ -206,6 +210,7 @@ class Watchdog:
                 self._owner = (os.getpid(), self._generation)
                 threading.Thread(target=self._run, args=(self._owner,), daemon=True,
                                  name="fleetclaims-pg-watchdog").start()
+                self._idle = False  # (the new thread reads _conn before it first waits)
             self._conn = conn
             self._deadline = deadline
             self.fired = False
@@ -230,7 +235,8 @@ class Watchdog:
                 if conn is None:
                     self._idle = True
                     self._cond.wait()
-                    self._idle = False
+                    if self._owner == owner:  # (a stopped thread leaves the flag to its heir)
+                        self._idle = False
                     continue
                 left = self._deadline - time.monotonic()
                 if left > 0:

@@ -3,6 +3,8 @@
     .venv/bin/python bench/pg_bench.py                       # 6 rounds of 2 s windows, 1 and 4 procs
     .venv/bin/python bench/pg_bench.py --rounds 6 --procs 4 --peers bare unprepared advisory
     .venv/bin/python bench/pg_bench.py --others              # also the file store and SQLite
+    .venv/bin/python bench/pg_bench.py --base /tmp/base      # also fleetclaims from a clone
+    .venv/bin/python bench/pg_bench.py --cost --base /tmp/base   # CPU and WAL per operation
 
 Workload: each process loops claim + release on its own share of 20 tasks for a fixed window;
 the processes of one run start together (a barrier). Reported: operations per second (a claim
@@ -22,7 +24,11 @@ Systems run interleaved, round after round (in ABBA order), so a noisy machine h
 alike; medians with the [min-max] range over the rounds, and the median of the per-round
 ratios fleetclaims/bare, with the load average before and after each line (the machine may be
 shared: under load both sides wait on the disk's flushes and the ratio rises; on a quiet
-machine CPU per operation decides). The PostgreSQL server is a throwaway one started here
+machine CPU per operation decides). ``--base DIR`` adds ``base``: fleetclaims imported from
+DIR (a clone at an earlier commit), run in the same rounds, with the ratio fleetclaims/base.
+``--cost`` measures instead, per operation of one process (CYCLES claim + release, the systems
+alternated ROUNDS times): the client's CPU (its process time), the server's CPU (every server
+process's, from /proc), and the WAL written (pg_current_wal_lsn). The PostgreSQL server is a throwaway one started here
 (tests/pg_server.py: fsync on, 127.0.0.1 only), unless --url names an existing database.
 """
 
@@ -123,6 +129,8 @@ def _cycler(system: str, where: str, owner: str) -> tuple[Callable[[str], None],
 
         db = SqliteRegistry(os.path.join(where, "claims.db"), synchronous="FULL")
         return (lambda task: db.release(task, token=db.claim(task, owner=owner).token)), db.close
+    if system.startswith("base="):  # fleetclaims as the clone at ``base=DIR`` has it
+        sys.path.insert(0, system[5:])
     from fleetclaims import Registry
 
     reg = Registry(where, durability="full")
@@ -169,7 +177,7 @@ def run(system: str, where: str, procs: int, seconds: float) -> float:
 def _where(system: str, url: str, tmp: Path) -> str:
     """A fresh registry (schema, directory) for one run of ``system``."""
     tag = uuid.uuid4().hex[:8]
-    if system == "fleetclaims":
+    if system == "fleetclaims" or system.startswith("base="):
         return f"{url}?schema=bench_{tag}"
     if system.startswith("peer-"):
         import psycopg
@@ -196,6 +204,98 @@ def _summary(values: list[float]) -> str:
     return f"{statistics.median(values):>7.0f} [{min(values):.0f}-{max(values):.0f}]"
 
 
+def _name(system: str) -> str:
+    return "base" if system.startswith("base=") else system
+
+
+def _ratio(results: dict[str, list[float]], top: str, bottom: str) -> str:
+    ratios = [f / b for f, b in zip(results[top], results[bottom], strict=True)]
+    return (f"ratio {_name(top)}/{_name(bottom)} {statistics.median(ratios):.2f} "
+            f"[{min(ratios):.2f}-{max(ratios):.2f}]")
+
+
+def throughput(args: argparse.Namespace, systems: list[str], url: str, tmp: Path) -> None:
+    print(f"claim+release ops/s, durability full (fsync on), {N_TASKS} tasks, "
+          f"{args.seconds:g} s windows, {args.rounds} rounds interleaved, "
+          f"{os.cpu_count()} CPUs; median [min-max]")
+    peer = next(s for s in systems if s.startswith("peer-"))
+    for procs in args.procs:
+        before = _load()
+        results: dict[str, list[float]] = {name: [] for name in systems}
+        for round_no in range(args.rounds):
+            # ABBA order: a load that drifts during a round hurts both sides alike
+            for name in systems if round_no % 2 == 0 else systems[::-1]:
+                results[name].append(run(name, _where(name, url, tmp), procs, args.seconds))
+        cells = "  ".join(f"{_name(name)} {_summary(v)}" for name, v in results.items())
+        ratios = [_ratio(results, "fleetclaims", peer)]
+        ratios += [_ratio(results, s, peer) for s in systems if s.startswith("base=")]
+        ratios += [_ratio(results, "fleetclaims", s) for s in systems if s.startswith("base=")]
+        print(f"procs {procs}: {cells}  {'  '.join(ratios)}  "
+              f"({before} before, {_load()} after; {os.cpu_count()} CPUs)", flush=True)
+
+
+def _server_cpu(postmaster: int) -> float:
+    """CPU seconds of the server: the postmaster and every process it started (from /proc;
+    a process that ended meanwhile is left out, none do while the benchmark runs)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry) == postmaster or int(fields[1]) == postmaster:  # (fields[1]: ppid)
+            total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total / tick
+
+
+def _cost_child(system: str, where: str, url: str, postmaster: int, cycles: int,
+                out: Any) -> None:
+    import psycopg
+
+    cycle, close = _cycler(system, where, "cost")
+    tasks = [f"task-{i}" for i in range(N_TASKS)]
+    for i in range(50):  # connected, statements prepared, caches warm
+        cycle(tasks[i % N_TASKS])
+    with psycopg.connect(url, autocommit=True) as conn:
+        def lsn() -> int:
+            row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+            return int(row[0]) if row else 0
+        wal0, server0, client0 = lsn(), _server_cpu(postmaster), time.process_time()
+        for i in range(cycles):
+            cycle(tasks[i % N_TASKS])
+        client, server = time.process_time() - client0, _server_cpu(postmaster) - server0
+        wal = lsn() - wal0
+    close()
+    ops = 2 * cycles
+    out.put((client / ops * 1e6, server / ops * 1e6, wal / ops))
+
+
+def cost(args: argparse.Namespace, systems: list[str], url: str, postmaster: int,
+         tmp: Path) -> None:
+    """Client CPU, server CPU (µs) and WAL (bytes) per operation, one process at a time."""
+    print(f"per operation, 1 process, {args.cycles} claim+release cycles, durability full, "
+          f"{args.rounds} rounds alternated; median [min-max] ({_load()} before)")
+    ctx = mp.get_context("spawn")
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in systems}
+    for round_no in range(args.rounds):
+        for name in systems if round_no % 2 == 0 else systems[::-1]:
+            out = ctx.Queue()
+            child = ctx.Process(target=_cost_child, args=(name, _where(name, url, tmp), url,
+                                                          postmaster, args.cycles, out))
+            child.start()
+            results[name].append(out.get(timeout=600))
+            child.join()
+    for name, rows in results.items():
+        cells = [_summary([r[i] for r in rows]) for i in range(3)]
+        print(f"  {_name(name):<12} client CPU {cells[0]} us  server CPU {cells[1]} us  "
+              f"WAL {cells[2]} B", flush=True)
+    print(f"({_load()} after)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=2.0)
@@ -205,10 +305,17 @@ def main() -> None:
                         choices=["bare", "unprepared", "advisory"])
     parser.add_argument("--others", action="store_true",
                         help="also the file store and the SQLite peer")
+    parser.add_argument("--base", help="also fleetclaims as imported from this directory "
+                        "(a clone at an earlier commit)")
+    parser.add_argument("--cost", action="store_true",
+                        help="CPU and WAL per operation instead of throughput")
+    parser.add_argument("--cycles", type=int, default=1500, help="cycles per --cost run")
     parser.add_argument("--url", help="an existing postgresql:// database (default: a "
                         "throwaway server)")
     args = parser.parse_args()
     systems = ["fleetclaims", *(f"peer-{p}" for p in args.peers)]
+    if args.base:
+        systems.insert(1, "base=" + str(Path(args.base).resolve()))
     if args.others:
         systems += ["file", "sqlite"]
 
@@ -221,23 +328,13 @@ def main() -> None:
         url = server.create_database("bench")
     tmp = Path(tempfile.mkdtemp(prefix="fleetclaims-pgbench-"))
     try:
-        print(f"claim+release ops/s, durability full (fsync on), {N_TASKS} tasks, "
-              f"{args.seconds:g} s windows, {args.rounds} rounds interleaved, "
-              f"{os.cpu_count()} CPUs; median [min-max]")
-        for procs in args.procs:
-            before = _load()
-            results: dict[str, list[float]] = {name: [] for name in systems}
-            for round_no in range(args.rounds):
-                # ABBA order: a load that drifts during a round hurts both sides alike
-                for name in systems if round_no % 2 == 0 else systems[::-1]:
-                    results[name].append(run(name, _where(name, url, tmp), procs,
-                                             args.seconds))
-            ratios = [f / b for f, b in zip(results["fleetclaims"], results[systems[1]],
-                                            strict=True)]
-            cells = "  ".join(f"{name} {_summary(v)}" for name, v in results.items())
-            print(f"procs {procs}: {cells}  ratio fleetclaims/{systems[1]} "
-                  f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]  "
-                  f"({before} before, {_load()} after; {os.cpu_count()} CPUs)", flush=True)
+        if args.cost:
+            postmaster = server.postmaster_pid() if server is not None else None
+            if postmaster is None:
+                parser.error("--cost needs the throwaway server (no --url)")
+            cost(args, systems, url, postmaster, tmp)
+        else:
+            throughput(args, systems, url, tmp)
     finally:
         import shutil
 

@@ -10,6 +10,7 @@ import uuid
 import psycopg
 import pytest
 from pg_server import PgServer
+from test_pg_retired import back_to
 
 from fleetclaims import Registry
 from fleetclaims.cli import main
@@ -68,21 +69,25 @@ def test_role_that_cannot_create_the_schema_gets_access_denied(pg_server: PgServ
 def test_older_schema_and_a_role_that_cannot_upgrade_it(pg_server: PgServer) -> None:
     """A schema 3 registry used by a role with every right on its rows but not the owner's:
     AccessDenied naming `fleetclaims db migrate`, nothing written; once the owner has run
-    it, the same role writes (schema 4)."""
+    it, the same role writes (schema 5: the table of retired grants the upgrade creates gets
+    the rights the role has on the claims table)."""
     url, _ = _fresh(pg_server)
     owner = Registry(url)
-    owner.claim("t", owner="a")
+    owner.release("t", token=owner.claim("t", owner="a").token or "")
     owner.close()
     role = "r_" + uuid.uuid4().hex[:8]
-    _admin(url, "ALTER TABLE fleetclaims.claims RESET (toast_tuple_target)",
-           "DELETE FROM fleetclaims.schema_version WHERE version > 3",
-           f"CREATE ROLE {role} LOGIN", f"GRANT USAGE ON SCHEMA fleetclaims TO {role}",
+    with psycopg.connect(url, autocommit=True) as conn:
+        back_to(conn, "fleetclaims", 3)
+    _admin(url, f"CREATE ROLE {role} LOGIN", f"GRANT USAGE ON SCHEMA fleetclaims TO {role}",
            f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA fleetclaims TO {role}")
     worker = Registry(_as(url, role))
     with pytest.raises(AccessDenied, match="db migrate"):
         worker.claim("u", owner="b")
-    assert [c.task for c in Registry(url).claims()] == ["t"]  # (this handle upgrades it)
+    assert [c.task for c in Registry(url).claims()] == []  # (this handle upgrades it)
     assert worker.claim("u", owner="b").fence == 2
+    again = worker.claim("t", owner="b")
+    assert worker.release("t", token=again.token or "") is True
+    assert [r.cause for r in Registry(url).get("t").retired] == ["released"] * 2  # type: ignore[union-attr]
     assert worker.verify().ok
     worker.close()
 

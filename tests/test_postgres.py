@@ -273,38 +273,6 @@ def test_schemas_are_isolated_and_migrations_versioned(
         reg.close()
 
 
-def test_schema_3_is_upgraded_in_place(postgres_url: str) -> None:
-    """A registry made by the previous schema (3: claim rows compressed and moved out of line
-    past 2 kB) is upgraded on first use, its claims and history kept, and its rows stay
-    inline from then on."""
-    schema = _schema()
-    url = f"{postgres_url}?schema={schema}"
-    old = Registry(url)
-    held = old.claim("kept", owner="a", ttl=600)
-    for _ in range(20):  # 16 retired grants: the row well past 2 kB
-        old.release("busy", token=old.claim("busy", owner="a").token or "")
-    old.close()
-    with psycopg.connect(postgres_url, autocommit=True) as conn:  # back to schema 3
-        conn.execute(f'ALTER TABLE "{schema}".claims RESET (toast_tuple_target)')
-        conn.execute(f'DELETE FROM "{schema}".schema_version WHERE version > 3')
-    reg = Registry(url)
-    assert reg.get("kept") == replace(held, token=None)
-    reg.renew("kept", token=held.token or "")
-    reg.release("busy", token=reg.claim("busy", owner="b").token or "")
-    assert reg.store.schema_version() == SCHEMA_VERSION == 4  # type: ignore[attr-defined]
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        options = conn.execute(
-            "SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
-            (f'"{schema}".claims',)).fetchone()
-        size, length = conn.execute(
-            f'SELECT pg_column_size(data), octet_length(data::text) FROM "{schema}".claims '
-            "WHERE task = 'busy'").fetchone() or (0, 0)
-    assert options is not None and "toast_tuple_target=8160" in options[0]
-    assert length > 2048 and size >= length  # inline and not compressed
-    assert reg.verify().ok
-    reg.close()
-
-
 def test_statements_are_prepared_on_a_direct_connection(pg: str) -> None:
     """Connected straight to the server, the write transaction's statements are prepared
     once per session before its third write (named by the hash of their text); values of

@@ -11,11 +11,12 @@ import psycopg
 
 from ...core.chain import ChainError
 from ...core.errors import RegistryCorrupt, ValidationError
-from ...core.model import GENESIS
-from ...core.ports import ClaimView
+from ...core.events import with_token
+from ...core.model import GENESIS, Retired
 from ...core.state import State
 from ..base import VerifyReport
 from ..file.journal import apply_checked, check_link, parse_line
+from .schema import RING
 from .tables import PgClaimView, PgTaskView, Rows
 
 
@@ -41,13 +42,45 @@ def claim_object(where: str, task: str, data: str) -> dict[str, Any]:
     return loaded
 
 
-def claim_row(table: ClaimView, task: str) -> tuple[Any, ...]:
-    """The claims table's row: indexed columns and the claim's JSON in the compact form the
-    file store's snapshot uses (members at their defaults left out; read back the same)."""
+def claim_row(table: PgClaimView, task: str) -> tuple[Any, ...]:
+    """The parameters of ``Queries.claim_upsert``: indexed columns, the claim's JSON in the
+    compact form the file store's snapshot uses (members at their defaults left out; read back
+    the same) without its retired grants, how many grants it retired since the row the
+    transaction read (k), how many it keeps (rlen) and those k as a JSON array."""
     claim = table.get(task)
     assert claim is not None
+    kept = claim.retired
+    before = table.before(task)
+    old = () if before is None else before.retired
+    if len(kept) > RING:  # (never made by the core: kept inline, as before schema 5)
+        data = claim.to_dict(compact=True)
+        k = rlen = 0
+        fresh = "[]"
+    else:
+        # to_dict of a private copy without the grants: building 16 dicts to drop them was
+        # half of this function's time (inside the head lock); the copy is ours alone, so
+        # setting a member of the frozen instance right after making it is safe
+        bare = with_token(claim, None)
+        object.__setattr__(bare, "retired", ())
+        data = bare.to_dict(compact=True)
+        # A grant retired in an earlier version was written then: ones that did not fit the
+        # old row's ring (inline) are written again.
+        k = appended(old, kept) if len(old) <= RING else len(kept)
+        rlen = len(kept)
+        fresh = orjson.dumps([r.to_dict() for r in kept[rlen - k:]]).decode() if k else "[]"
     return (task, claim.owner, claim.state, claim.fence, claim.expires_at, claim.seq,
-            orjson.dumps(claim.to_dict(compact=True)).decode())
+            orjson.dumps(data).decode(), k, rlen, fresh)
+
+
+def appended(old: tuple[Retired, ...], new: tuple[Retired, ...]) -> int:
+    """How many grants at the end of ``new`` are not in ``old``: the fewest k with ``new`` the
+    last len(new) of old + new[-k:] (what the core's apply makes: one more grant, the oldest
+    dropped past RETIRED_KEPT; anything else, e.g. a merge's union, is k = len(new))."""
+    n = len(new)
+    for k in range(n):
+        if (old + new[n - k:])[-n:] == new:
+            return k
+    return n
 
 
 def task_rows(tasks: PgTaskView) -> list[tuple[Any, ...]]:

@@ -38,7 +38,7 @@ class PgClaimView:
     transaction (under the head lock, so they are exactly the state at ``seq``); afterwards a
     lookup of a task not loaded yet reads the latest committed row."""
 
-    __slots__ = ("_absent", "_complete", "_rows", "_table", "dirty")
+    __slots__ = ("_absent", "_before", "_complete", "_rows", "_table", "dirty")
 
     def __init__(self, rows: Rows, *, complete: bool = False) -> None:
         self._rows = rows
@@ -46,6 +46,13 @@ class PgClaimView:
         self._absent: set[str] = set()
         self._complete = complete
         self.dirty: set[str] = set()
+        # each changed claim as its row stood before (None: no row), so the write knows which
+        # retired grants are new (journal.claim_row)
+        self._before: dict[str, Claim | None] = {}
+
+    def before(self, task: str) -> Claim | None:
+        """``task``'s claim as read, before this transaction changed it."""
+        return self._before[task] if task in self._before else self.get(task)
 
     def load_all(self) -> None:
         """Fetch every row not held yet (one query)."""
@@ -79,6 +86,8 @@ class PgClaimView:
         return claim
 
     def __setitem__(self, task: str, claim: Claim) -> None:
+        if task not in self._before:
+            self._before[task] = self.get(task)
         self._table[task] = claim
         self._absent.discard(task)
         self.dirty.add(task)
@@ -88,8 +97,10 @@ class PgClaimView:
         self._table.discard(task)
         self.dirty.discard(task)
         self._absent.add(task)
-        self._rows.query(f'DELETE FROM "{self._rows.schema}".claims WHERE task = %s '
-                         "RETURNING task", (task,))
+        s = f'"{self._rows.schema}"'
+        self._rows.query(f"WITH r AS (DELETE FROM {s}.retired WHERE task = %s) "
+                         f"DELETE FROM {s}.claims WHERE task = %s RETURNING task", (task, task))
+        self._before[task] = None  # (a row written again after this starts a new ring)
 
     def __contains__(self, task: object) -> bool:
         return isinstance(task, str) and self.get(task) is not None

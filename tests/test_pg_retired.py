@@ -9,6 +9,7 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 
@@ -28,6 +29,7 @@ def back_to(conn: psycopg.Connection[Any], schema: str, version: int) -> None:
     the grants inline in each claim row again, no ring, no rn/rlen columns, the claims table's
     owner and state indexes back."""
     s = f'"{schema}"'
+    conn.execute(f"ALTER TABLE {s}.claims DROP CONSTRAINT grants_in_ring")
     conn.execute(
         f"UPDATE {s}.claims c SET data = c.data || jsonb_build_object('retired', "
         f"(SELECT jsonb_agg(r.data ORDER BY r.ord) FROM {s}.retired r WHERE r.task = c.task "
@@ -154,3 +156,28 @@ def test_older_schema_is_upgraded_in_place(postgres_url: str, version: int) -> N
     assert options is not None and "toast_tuple_target=8160" in options[0]
     assert reg.verify().ok
     reg.close()
+
+
+def test_an_older_writer_cannot_put_grants_back_inline(postgres_url: str) -> None:
+    """A process of the previous fleetclaims still running after the upgrade writes with its
+    old statements: a claim without grants is accepted as it is (the ring stays right), a
+    grant written inline is refused (it would hide from the ring); none of it reaches the
+    registry's claims."""
+    schema = "t_" + uuid.uuid4().hex[:12]
+    url = f"{postgres_url}?schema={schema}"
+    with Registry(url) as reg:
+        _churn(reg, "busy", 3)
+        before = reg.get("busy")
+        assert before is not None and len(before.retired) == 3
+        grant = orjson.dumps(before.retired[-1].to_dict()).decode()
+        s = f'"{schema}"'
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.CheckViolation, match="grants_in_ring"):
+                conn.execute(f"UPDATE {s}.claims SET data = data || jsonb_build_object("
+                             "'retired', jsonb_build_array(%s::jsonb)) WHERE task = 'busy'",
+                             (grant,))
+            conn.execute(f"UPDATE {s}.claims SET data = data || '{{\"note\": \"old\"}}' "
+                         "WHERE task = 'busy'")
+        with Registry(url) as fresh:
+            seen = fresh.get("busy")
+            assert seen is not None and seen.retired == before.retired and seen.note == "old"

@@ -181,3 +181,28 @@ def test_an_older_writer_cannot_put_grants_back_inline(postgres_url: str) -> Non
         with Registry(url) as fresh:
             seen = fresh.get("busy")
             assert seen is not None and seen.retired == before.retired and seen.note == "old"
+
+
+def test_grants_past_the_ring_stay_inline_until_the_next_write(postgres_url: str) -> None:
+    """A row holding more grants than the ring has slots (never made by the core; hand-made
+    or merged from elsewhere) is read with them all, and the next write, which keeps the
+    last 16, puts those in the ring."""
+    schema = "t_" + uuid.uuid4().hex[:12]
+    url = f"{postgres_url}?schema={schema}"
+    many = [Retired(f"{i:064x}", i, "old", "released", at=float(i)) for i in range(RING + 8)]
+    with Registry(url) as reg:
+        _churn(reg, "busy", 2)
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'UPDATE "{schema}".claims SET rn = 0, rlen = 0, data = data || '
+                         "jsonb_build_object('retired', %s::jsonb) WHERE task = 'busy'",
+                         (orjson.dumps([r.to_dict() for r in many]).decode(),))
+        with Registry(url) as fresh:
+            seen = fresh.get("busy")
+            assert seen is not None and list(seen.retired) == many
+            _churn(fresh, "busy", 1, owner="b")
+            after = fresh.get("busy")
+            assert after is not None and len(after.retired) == RETIRED_KEPT
+            assert list(after.retired[:-1]) == many[-(RETIRED_KEPT - 1):]
+        assert _rows(postgres_url, schema, "busy")[:3] == (False, RETIRED_KEPT, RETIRED_KEPT)
+        with Registry(url) as again:
+            assert again.get("busy") == after

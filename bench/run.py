@@ -9,7 +9,8 @@ bench/results/):
 throughput  claim+release cycles on 20 tasks from 1, 4 and 8 processes (real processes started
             together by a barrier), fleetclaims durability="full" vs SQLite synchronous=FULL and
             "process" vs NORMAL; the two systems alternate within each repetition; medians of
-            the repetitions; ops/s, p50/p99/max latency per operation, ratio fleetclaims/SQLite.
+            the repetitions; ops/s, p50/p99/max latency per operation, ratio fleetclaims/SQLite,
+            and the workers' CPU (user+sys) per operation, steadier than ops/s on a shared machine.
 sizes       (#21) 1-process cycles on 20 / 10,000 / 100,000 live claims at both durabilities,
             interleaved, ratio to 20 per rep, slowest op (the checkpoint's trigger), and a fresh
             process's first write and peak RSS beside a SQLite peer process (bench/cells21.py).
@@ -121,6 +122,7 @@ def _worker(system: str, path: str, durability: str, tasks: list[str], duration:
         perf = time.perf_counter
         barrier.wait(timeout=120)
         size0 = journal_size(system, path)
+        cpu0 = sum(os.times()[:2])  # (CPU per operation: robust where wall time is shared)
         t_start = perf()
         deadline = t_start + duration
         while True:
@@ -143,15 +145,16 @@ def _worker(system: str, path: str, durability: str, tasks: list[str], duration:
             if t2 >= deadline:
                 break
         t_end = perf()
+        cpu = sum(os.times()[:2]) - cpu0
         size1 = journal_size(system, path)
         close()
-        queue.put((wid, t_start, t_end, lat.tobytes(), conflicts, size0, size1, None))
+        queue.put((wid, t_start, t_end, lat.tobytes(), conflicts, size0, size1, None, cpu))
     except BaseException:  # report, never hang the parent
         import traceback
 
         # Free the others from the barrier, or they (and the parent) wait forever.
         barrier.abort()
-        queue.put((wid, 0.0, 0.0, b"", 0, 0, 0, traceback.format_exc()))
+        queue.put((wid, 0.0, 0.0, b"", 0, 0, 0, traceback.format_exc(), 0.0))
 
 
 def pct(sorted_vals: list[float], q: float) -> float:
@@ -207,6 +210,7 @@ def run_cycles(system: str, path: str, durability: str, procs: int, duration: fl
         "p99_ms": pct(lat, 0.99) * 1e3,
         "max_ms": lat[-1] * 1e3 if lat else math.nan,
         "conflicts": sum(r[4] for r in results),
+        "cpu_us": sum(r[8] for r in results) / max(ops, 1) * 1e6,
         "bytes": max(r[6] for r in results) - min(r[5] for r in results),
     }
 
@@ -216,7 +220,7 @@ def med(trials: list[dict[str, Any]], key: str) -> float:
 
 
 def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
-    out = {k: med(trials, k) for k in ("ops_s", "p50_ms", "p99_ms", "max_ms")}
+    out = {k: med(trials, k) for k in ("ops_s", "p50_ms", "p99_ms", "max_ms", "cpu_us")}
     out["conflicts"] = sum(t["conflicts"] for t in trials)
     out["reps"] = [round(t["ops_s"]) for t in trials]
     return out
@@ -549,10 +553,11 @@ def report(res: dict[str, Any]) -> str:
                 f"{fc['p50_ms']:.2f}", f"{sq['p50_ms']:.2f}",
                 f"{fc['p99_ms']:.2f}", f"{sq['p99_ms']:.2f}",
                 f"{fc['max_ms']:.1f}", f"{sq['max_ms']:.1f}",
-                f"{fc['conflicts']}/{sq['conflicts']}"])
+                f"{fc['conflicts']}/{sq['conflicts']}",
+                f"{fc.get('cpu_us', 0):.0f}/{sq.get('cpu_us', 0):.0f}"])
         out.append(table(["durability", "procs", "tasks", "fc ops/s", "sql ops/s", "fc/sql",
                           "fc p50ms", "sql p50ms", "fc p99ms", "sql p99ms", "fc max",
-                          "sql max", "rejects fc/sql"], rows))
+                          "sql max", "rejects fc/sql", "cpu us/op fc/sql"], rows))
     if "scaling" in res:
         out.append("\nSCALING: 1 process, durability full vs synchronous=FULL, N live claims "
                    "pre-populated")

@@ -282,17 +282,27 @@ def claim_records(table: ClaimView) -> Iterator[tuple[str, Claim]]:
 def snapshot_seq(path: Path) -> int:
     """The seq of the snapshot at ``path`` from its first bytes (``{"format":1,"seq":N,``);
     -1 when absent or unreadable."""
+    return snapshot_position(path)[0]
+
+
+def snapshot_position(path: Path) -> tuple[int, int]:
+    """(seq, offset) of the snapshot at ``path`` from its first bytes
+    (``{"format":4,"seq":N,"offset":M,``), unverified; -1 for what is absent or unreadable.
+    For scheduling only (whether a checkpoint is still owed): never for state."""
     try:
         fd = os.open(path, os.O_RDONLY | fsutil.O_NOFOLLOW | fsutil.O_CLOEXEC | fsutil.O_NONBLOCK)
     except OSError:
-        return -1
+        return -1, -1
     try:
-        head = os.pread(fd, 64, 0)
+        head = os.pread(fd, 96, 0)
     except OSError:
-        return -1
+        return -1, -1
     finally:
         os.close(fd)
-    marker = b'"seq":'
+    return _header_int(head, b'"seq":'), _header_int(head, b'"offset":')
+
+
+def _header_int(head: bytes, marker: bytes) -> int:
     at = head.find(marker)
     if at < 0:
         return -1

@@ -424,6 +424,10 @@ class SnapshotClaims(ClaimTable):
 
     # --- encoding ------------------------------------------------------------------------------
 
+    def changed(self) -> int:
+        """How many entries are held beside _data (decoded, changed since it was written)."""
+        return len(self._claims) + len(self._raw)
+
     def incremental(self) -> bool:
         """Whether a checkpoint can copy this table's unchanged lines as they are."""
         return bool(self._data) and not self._raw and not self._rewrite

@@ -412,8 +412,8 @@ class FileStore(History):
         if self._fork_job is not None:  # (a forked checkpoint: reaped, adopted when done)
             forked.poll(self)
         tail = self._offset - self._snap_offset
-        if tail > max(CHECKPOINT_MIN_TAIL, self._snap_size // CHECKPOINT_DIVISOR):
-            return True
+        if tail > (bound := max(CHECKPOINT_MIN_TAIL, self._snap_size // CHECKPOINT_DIVISOR)):
+            return forked.checkpoint_owed(self, tail, bound)  # (or another writer's stands in)
         return tail > 0 and self._rest.checkpoint_late(self.snapshot_path)
 
     def read(self) -> State:

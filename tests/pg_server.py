@@ -4,7 +4,8 @@
 127.0.0.1 (a free port; the unix socket lives in the temporary directory too), as the
 ``postgres`` OS user when we are root (PostgreSQL refuses to run as root). ``stop()`` shuts it
 down and removes the directory. ``crash()`` / ``start()`` kill and restart it for the
-server-restart tests.
+server-restart tests. ``back_to`` puts a registry's schema back to an earlier version, for
+the upgrade tests.
 
 The session fixture ``postgres_url`` yields a URL for one such server; tests skip with a clear
 reason only when no server binaries are installed (searched on PATH and in
@@ -24,10 +25,14 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from fleetclaims.system import pid_exists
+
+if TYPE_CHECKING:
+    import psycopg
 
 RUN_AS = "postgres"
 _BINARIES = ("initdb", "pg_ctl", "postgres")
@@ -237,3 +242,22 @@ def pg_server() -> Iterator[PgServer]:
 def postgres_url(pg_server: PgServer) -> str:
     """URL of a database on the session's throwaway PostgreSQL server."""
     return pg_server.create_database("fleetclaims_test")
+
+
+def back_to(conn: psycopg.Connection[Any], schema: str, version: int) -> None:
+    """Put a registry's schema back to ``version`` (3 or 4) as an earlier fleetclaims left it:
+    the grants inline in each claim row again, no ring, no rn/rlen columns, the claims table's
+    owner and state indexes back."""
+    s = f'"{schema}"'
+    conn.execute(f"ALTER TABLE {s}.claims DROP CONSTRAINT grants_in_ring")
+    conn.execute(
+        f"UPDATE {s}.claims c SET data = c.data || jsonb_build_object('retired', "
+        f"(SELECT jsonb_agg(r.data ORDER BY r.ord) FROM {s}.retired r WHERE r.task = c.task "
+        "AND r.ord > c.rn - c.rlen AND r.ord <= c.rn)) WHERE c.rlen > 0")
+    conn.execute(f"DROP TABLE {s}.retired")
+    conn.execute(f"ALTER TABLE {s}.claims DROP COLUMN rn, DROP COLUMN rlen")
+    conn.execute(f"CREATE INDEX claims_owner ON {s}.claims (owner)")
+    conn.execute(f"CREATE INDEX claims_state ON {s}.claims (state, expires_at)")
+    if version < 4:
+        conn.execute(f"ALTER TABLE {s}.claims RESET (toast_tuple_target)")
+    conn.execute(f"DELETE FROM {s}.schema_version WHERE version > %s", (version,))

@@ -9,8 +9,7 @@ import uuid
 
 import psycopg
 import pytest
-from pg_server import PgServer
-from test_pg_retired import back_to
+from pg_server import PgServer, back_to
 
 from fleetclaims import Registry
 from fleetclaims.cli import main

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
+from pg_server import back_to
 
 from fleetclaims import NotHolder, Registry
 from fleetclaims.core import events as ev
@@ -22,25 +23,6 @@ from fleetclaims.store.postgres.schema import RING
 from fleetclaims.store.postgres.store import SCHEMA_VERSION
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
-
-
-def back_to(conn: psycopg.Connection[Any], schema: str, version: int) -> None:
-    """Put a registry's schema back to ``version`` (3 or 4) as an earlier fleetclaims left it:
-    the grants inline in each claim row again, no ring, no rn/rlen columns, the claims table's
-    owner and state indexes back."""
-    s = f'"{schema}"'
-    conn.execute(f"ALTER TABLE {s}.claims DROP CONSTRAINT grants_in_ring")
-    conn.execute(
-        f"UPDATE {s}.claims c SET data = c.data || jsonb_build_object('retired', "
-        f"(SELECT jsonb_agg(r.data ORDER BY r.ord) FROM {s}.retired r WHERE r.task = c.task "
-        "AND r.ord > c.rn - c.rlen AND r.ord <= c.rn)) WHERE c.rlen > 0")
-    conn.execute(f"DROP TABLE {s}.retired")
-    conn.execute(f"ALTER TABLE {s}.claims DROP COLUMN rn, DROP COLUMN rlen")
-    conn.execute(f"CREATE INDEX claims_owner ON {s}.claims (owner)")
-    conn.execute(f"CREATE INDEX claims_state ON {s}.claims (state, expires_at)")
-    if version < 4:
-        conn.execute(f"ALTER TABLE {s}.claims RESET (toast_tuple_target)")
-    conn.execute(f"DELETE FROM {s}.schema_version WHERE version > %s", (version,))
 
 
 def _replayed(reg: Registry) -> dict[str, Claim]:

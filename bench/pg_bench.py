@@ -28,8 +28,9 @@ machine CPU per operation decides). ``--base DIR`` adds ``base``: fleetclaims im
 DIR (a clone at an earlier commit), run in the same rounds, with the ratio fleetclaims/base.
 ``--cost`` measures instead, per operation of one process (CYCLES claim + release, the systems
 alternated ROUNDS times): the client's CPU (its process time), the server's CPU (every server
-process's, from /proc), and the WAL written (pg_current_wal_lsn). The PostgreSQL server is a throwaway one started here
-(tests/pg_server.py: fsync on, 127.0.0.1 only), unless --url names an existing database.
+process's, from /proc), and the WAL written (pg_current_wal_lsn). The PostgreSQL server is a
+throwaway one started here (tests/pg_server.py: fsync on, 127.0.0.1 only), unless --url names
+an existing database.
 """
 
 from __future__ import annotations

@@ -154,19 +154,31 @@ def foreign_threads() -> bool | None:
     """Whether this process runs live native threads Python does not know of (a gRPC or
     database driver pool), None when its threads cannot be listed (no /proc)."""
     import threading
+    import time
 
-    try:
-        native = {int(t) for t in os.listdir("/proc/self/task")}
-    except (OSError, ValueError):
-        return None
-    for tid in native - {t.native_id for t in threading.enumerate()}:
-        try:  # (a Python thread that just ended may linger a moment: a zombie)
-            state = read_proc(f"/proc/self/task/{tid}/stat").rsplit(b")", 1)[-1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in (b"Z", b"X"):
+    # A Python thread that has just ended (joined, gone from threading.enumerate()) can still
+    # be tearing down in the kernel for a while on a busy machine, neither listed nor a zombie
+    # yet: an unknown thread counts only if it is still there ~50 ms later.
+    deadline = time.monotonic() + 0.05
+    while True:
+        try:
+            native = {int(t) for t in os.listdir("/proc/self/task")}
+        except (OSError, ValueError):
+            return None
+        if not any(_running(tid) for tid in native - {t.native_id for t in threading.enumerate()}):
+            return False
+        if time.monotonic() >= deadline:
             return True
-    return False
+        time.sleep(0.005)
+
+
+def _running(tid: int) -> bool:
+    """Whether thread ``tid`` of this process exists and is not a zombie."""
+    try:
+        state = read_proc(f"/proc/self/task/{tid}/stat").rsplit(b")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
 
 
 def probe(pid: int) -> Probe:

@@ -77,9 +77,10 @@ def free_port() -> int:
 class PgServer:
     """One PostgreSQL cluster in a temporary directory, listening on 127.0.0.1 only."""
 
-    def __init__(self, bin_dir: Path, *, fsync: bool = True) -> None:
+    def __init__(self, bin_dir: Path, *, fsync: bool = True, options: str = "") -> None:
         self.bin_dir = bin_dir
         self.fsync = fsync
+        self.options = options  # more server settings ("-c name=value ...")
         self.root = Path(tempfile.mkdtemp(prefix="fleetclaims-pg-"))
         self.data = self.root / "data"
         self.sockets = self.root / "sock"
@@ -127,7 +128,7 @@ class PgServer:
             options = (
                 f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.sockets} "
                 f"-c fsync={'on' if self.fsync else 'off'} -c max_connections=60 "
-                "-c shared_buffers=32MB -c logging_collector=off"
+                f"-c shared_buffers=32MB -c logging_collector=off {self.options}"
             )
             try:
                 self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
@@ -204,7 +205,7 @@ def _quote(arg: str) -> str:
     return shlex.quote(arg)
 
 
-def start_server(*, fsync: bool = True) -> PgServer:
+def start_server(*, fsync: bool = True, options: str = "") -> PgServer:
     """Start a throwaway server; raises LookupError when no server binaries are installed."""
     bin_dir = find_bin_dir()
     if bin_dir is None:
@@ -212,7 +213,7 @@ def start_server(*, fsync: bool = True) -> PgServer:
             "no PostgreSQL server binaries (initdb, pg_ctl, postgres) on PATH or in "
             "/usr/lib/postgresql/*/bin; install Debian's `postgresql` package"
         )
-    server = PgServer(bin_dir, fsync=fsync)
+    server = PgServer(bin_dir, fsync=fsync, options=options)
     try:
         server.start()
     except BaseException:

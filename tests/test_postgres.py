@@ -160,10 +160,12 @@ def test_lease_time_is_the_servers_clock(pg: str) -> None:
         assert c.deadline_boot == "" and c.boot_deadline is None
 
 
-def test_durability_maps_to_synchronous_commit(pg: str) -> None:
-    """full -> synchronous_commit on; process -> off, set for each transaction (SET LOCAL),
-    so the session keeps the server's defaults between transactions (PgBouncer-safe)."""
-    for durability, expected in (("full", "on"), ("process", "off")):
+def test_the_write_transaction_sets_its_limits_locally(pg: str) -> None:
+    """The write transaction runs with synchronous_commit off (with full durability a flush
+    follows it: the next test) and this operation's timeouts, each set for the transaction
+    (SET LOCAL), so the session keeps the server's defaults between transactions
+    (PgBouncer-safe)."""
+    for durability, expected in (("full", "off"), ("process", "off")):
         reg = Registry(pg, durability=durability)  # type: ignore[arg-type]
         store = reg.store
         assert isinstance(store, PostgresStore)
@@ -188,6 +190,89 @@ def test_durability_maps_to_synchronous_commit(pg: str) -> None:
             "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
         ).fetchone()
         assert after == ("0", "0")  # nothing outlived the transaction
+        reg.close()
+
+
+@pytest.fixture(scope="module")
+def lazy_wal_server() -> Iterator[PgServer]:
+    """A server whose WAL writer flushes asynchronous commits only every 10 s and that runs
+    no autovacuum: WAL inserted and not yet flushed stays so while a test looks."""
+    try:
+        server = start_server(options="-c wal_writer_delay=10s -c autovacuum=off")
+    except LookupError as exc:
+        pytest.skip(str(exc))
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+def _unflushed(conn: psycopg.Connection[Any]) -> int:
+    """Bytes of WAL inserted and not yet flushed (a page header's worth is not a record: at
+    a page boundary the insert position points past the next page's header)."""
+    row = conn.execute("SELECT pg_current_wal_insert_lsn() - pg_current_wal_flush_lsn()"
+                       ).fetchone()
+    assert row is not None
+    return max(0, int(row[0]) - 40)
+
+
+@pytest.mark.parametrize("op", ["claim", "renew", "release", "claim_next"])
+def test_full_durability_returns_only_once_the_wal_is_flushed(
+        lazy_wal_server: PgServer, op: str) -> None:
+    """With durability="full" the head lock is not held across the flush: the write commits
+    asynchronously and a synchronous transaction behind it, in the same message, waits for
+    the WAL flush. When a call returns, nothing it wrote is left unflushed (with the flush
+    left out, the WAL writer of this server would leave the write unflushed for seconds)."""
+    url = f"{lazy_wal_server.url()}?schema=flush_{uuid.uuid4().hex[:8]}"
+    reg = Registry(url, durability="full")
+    claim = reg.claim("t", owner="a")
+    reg.add("q")
+    watcher = psycopg.connect(lazy_wal_server.url(), autocommit=True)
+    try:
+        for _ in range(3):
+            if op == "claim":
+                reg.release("t", token=claim.token)
+                claim = reg.claim("t", owner="a")
+            elif op == "renew":
+                claim = reg.renew("t", token=claim.token or "")
+            elif op == "release":
+                reg.release("t", token=claim.token)
+                assert _unflushed(watcher) == 0
+                claim = reg.claim("t", owner="a")
+            else:
+                got = reg.claim_next(owner="b")
+                assert got is not None and got.task == "q"
+                reg.release("q", token=got.token)
+            assert _unflushed(watcher) == 0
+    finally:
+        watcher.close()
+        reg.close()
+
+
+def test_a_role_denied_the_flush_commits_synchronously(lazy_wal_server: PgServer) -> None:
+    """Where the flush cannot run (pg_logical_emit_message revoked from the role), the first
+    write still returns its claim, found and made durable as after a lost COMMIT answer, and
+    later writes commit synchronously themselves: flushed on return either way."""
+    url = lazy_wal_server.create_database(f"deny_{uuid.uuid4().hex[:8]}")
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("CREATE ROLE denied_flush LOGIN")
+        admin.execute("GRANT CREATE ON DATABASE " + url.rsplit("/", 1)[1] + " TO denied_flush")
+        for signature in ("boolean, text, text", "boolean, text, bytea"):
+            admin.execute(f"REVOKE EXECUTE ON FUNCTION pg_logical_emit_message({signature}) "
+                          "FROM PUBLIC")
+    reg = Registry(url.replace("postgres@", "denied_flush@"), durability="full")
+    watcher = psycopg.connect(lazy_wal_server.url(), autocommit=True)
+    try:
+        first = reg.claim("t", owner="a")
+        assert first.token and _unflushed(watcher) == 0
+        grants = [e for e in reg.store.iter_events(0) if e["type"] == "claim_created"]
+        assert [g["token_hash"] for g in grants] == [first.token_hash]  # granted once
+        assert reg.store._flush_after is False  # type: ignore[attr-defined]  # (fell back)
+        second = reg.claim("u", owner="a")
+        assert second.token and _unflushed(watcher) == 0
+        assert reg.verify().ok
+    finally:
+        watcher.close()
         reg.close()
 
 

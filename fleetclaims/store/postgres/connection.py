@@ -121,6 +121,10 @@ class Batch:
         self._conn = conn
         self._parts: list[str] = []
 
+    def __len__(self) -> int:
+        """Statements added (each ``add`` of one statement is answered by one result)."""
+        return len(self._parts)
+
     def add(self, sql: str, params: tuple[Any, ...] = ()) -> None:
         self._parts.append(sql % tuple(map(literal, params)) if params else sql)
 
@@ -139,7 +143,11 @@ class Batch:
                 out.append([tuple(_text(res.get_value(row, col), encoding) for col in width)
                             for row in range(res.ntuples)])
             elif status == _FATAL_ERROR:
-                raise psycopg.errors.error_from_result(res, encoding=encoding)
+                error = psycopg.errors.error_from_result(res, encoding=encoding)
+                # How many statements had completed before this one (the message stopped here):
+                # a transaction whose COMMIT came before it did commit.
+                error.fc_answered = len(out)  # type: ignore[attr-defined]
+                raise error
             else:
                 out.append([])
         return out

@@ -340,6 +340,18 @@ class Queries:
             "set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true), "
             "set_config('idle_in_transaction_session_timeout', %s, true)"
         )
+        # Full durability without holding the head lock across the WAL flush: the write
+        # transaction commits with synchronous_commit off (its locks go as soon as its commit
+        # record is in the WAL buffers), and this transaction, sent in the same message right
+        # behind it, commits with it on. The server flushes at COMMIT only a transaction that
+        # has an xid and wrote WAL: txid_current() takes one, and a logical message (a WAL
+        # record no table sees, allowed to every role) writes; its COMMIT then returns once
+        # the WAL is flushed past the write's commit record too. Concurrent writers' flushes
+        # share one fsync, as the file store's group commit shares one fdatasync (README,
+        # PostgreSQL; bench/README.md).
+        self.flush = ("BEGIN; SELECT set_config('synchronous_commit', 'on', true), "
+                      "txid_current(), pg_logical_emit_message(false, 'fleetclaims', 'flush'); "
+                      "COMMIT")
         # This transaction's settings, then the head row locked, in one statement: the
         # settings are a subquery joined below the row lock (FOR UPDATE locks the rows the
         # join returns), so lock_timeout is in force when the lock is waited for.

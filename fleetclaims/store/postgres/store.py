@@ -69,6 +69,10 @@ class _Retry(Exception):
         self.fresh = fresh  # the outcome was just resolved: one more attempt is worth it
 
 
+class _FlushFailed(psycopg.OperationalError):
+    """Internal: the write transaction committed, the flush behind it answered an error."""
+
+
 class PostgresStore:
     """The store Protocol on PostgreSQL (psycopg 3). Thread-safe; fork-safe (a child opens its
     own connection)."""
@@ -110,6 +114,10 @@ class PostgresStore:
         self._prepares, self._fast = self.sql.prepared()
         self._q = self.sql  # the write transaction's statements on this connection
         self._writes = 0  # write transactions begun on this connection
+        # Full durability: the write commits asynchronously and a flush follows it (the head
+        # lock is not held across the fsync); off where the flush cannot run (a role denied
+        # pg_logical_emit_message): the write then commits synchronously itself.
+        self._flush_after = True
 
     # --- connections -------------------------------------------------------------------------
 
@@ -312,7 +320,9 @@ class PostgresStore:
         q = self._q
         batch = pgc.Batch(conn)
         batch.add("BEGIN")
-        batch.add(q.lock, pgc.local_settings(self.sync, deadline - time.monotonic()))
+        # (with full durability a synchronous commit only where _write cannot flush after it)
+        batch.add(q.lock, pgc.local_settings(self.sync and not self._flush_after,
+                                             deadline - time.monotonic()))
         # One equality lookup per row (measured: far cheaper for the server to plan than one
         # statement joining an array of tasks); a claim row's JSON comes only when it differs
         # from our copy.
@@ -367,7 +377,21 @@ class PostgresStore:
                 batch.add(q.task_upsert, task_row)
             batch.add(q.head_update, head)
         batch.add("COMMIT")
-        batch.run()
+        if not (self.sync and self._flush_after):
+            batch.run()
+            return
+        committed = len(batch)  # answers up to and including the write's COMMIT
+        batch.add(self.sql.flush)  # (the head lock is released before the flush)
+        try:
+            batch.run()
+        except psycopg.Error as exc:
+            if getattr(exc, "fc_answered", 0) >= committed:
+                # The write committed and its flush failed: the outcome is found out as for a
+                # lost COMMIT answer (and made durable) before the caller hears of it.
+                if exc.sqlstate in ("42501", "42883"):  # not allowed here, or no such function
+                    self._flush_after = False
+                raise _FlushFailed(str(exc)) from exc
+            raise
 
     def _seal_apply(
         self, state: State, events: Iterable[dict[str, Any]], ts: float
@@ -403,7 +427,7 @@ class PostgresStore:
         """Turn a database error into a typed error or a safe retry (``_Retry``); None when
         the connection was lost during COMMIT and the transaction turns out to have committed."""
         state = exc.sqlstate or ""
-        if not pgc.is_lost(conn, exc):
+        if not pgc.is_lost(conn, exc) and not isinstance(exc, _FlushFailed):
             self._abandon(conn)
             # The server answered with an error, so the transaction (COMMIT included) did
             # not commit.
@@ -448,7 +472,10 @@ class PostgresStore:
                 batch.add(self.sql.lock,
                           pgc.local_settings(self.sync, deadline - time.monotonic()))
                 batch.add(self.sql.line_at, (seq,))
-                batch.add("ROLLBACK")
+                # A synchronous COMMIT (the row lock gave this transaction an xid) returns once
+                # the WAL is flushed past the line found: an operation whose own flush answer
+                # was lost is acknowledged only when durable.
+                batch.add("COMMIT" if self.sync else "ROLLBACK")
                 found = batch.run()[2]
                 return bool(found) and found[0][0] == line
             except psycopg.Error:

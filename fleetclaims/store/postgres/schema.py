@@ -349,9 +349,8 @@ class Queries:
         # the WAL is flushed past the write's commit record too. Concurrent writers' flushes
         # share one fsync, as the file store's group commit shares one fdatasync (README,
         # PostgreSQL; bench/README.md).
-        self.flush = ("BEGIN; SELECT set_config('synchronous_commit', 'on', true), "
-                      "txid_current(), pg_logical_emit_message(false, 'fleetclaims', 'flush'); "
-                      "COMMIT")
+        self.flush = ("SELECT set_config('synchronous_commit', 'on', true), txid_current(), "
+                      "pg_logical_emit_message(false, 'fleetclaims', 'flush')")
         # This transaction's settings, then the head row locked, in one statement: the
         # settings are a subquery joined below the row lock (FOR UPDATE locks the rows the
         # join returns), so lock_timeout is in force when the lock is waited for.
@@ -403,6 +402,7 @@ _PREPARED: dict[str, tuple[str, ...]] = {
     "task_upsert": ("text", "bigint", "text"),
     "head_update": _HEAD,
     "write1": (*_AUDIT, *_CLAIM, *_HEAD),
+    "flush": (),
 }
 
 

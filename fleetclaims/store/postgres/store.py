@@ -381,7 +381,10 @@ class PostgresStore:
             batch.run()
             return
         committed = len(batch)  # answers up to and including the write's COMMIT
-        batch.add(self.sql.flush)  # (the head lock is released before the flush)
+        # (the head lock is released before the flush: Queries.flush)
+        batch.add("BEGIN")
+        batch.add(q.flush)
+        batch.add("COMMIT")
         try:
             batch.run()
         except psycopg.Error as exc:

@@ -247,16 +247,24 @@ OPS: dict[str, Op] = {"claim": _claim, "renew": _renew, "release": _release,
                       "claim_next": _claim_next}
 
 
+@pytest.mark.parametrize("crowded", [False, True], ids=["alone", "crowded"])
 @pytest.mark.parametrize("point", PG_CRASH_POINTS)
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_server_killed_at_each_point_returns_the_result_once(
-        own_server: PgServer, op: str, point: str) -> None:
+        own_server: PgServer, op: str, point: str, crowded: bool) -> None:
     """The server is killed (and restarted by its supervisor) at each point of a transaction
     of each holder operation; at the last point the answer to the COMMIT is lost too. The call
-    returns its result, its event is recorded exactly once, the chain verifies."""
+    returns its result, its event is recorded exactly once, the chain verifies. Crowded,
+    another writer wrote just before: the write commits asynchronously and the flush behind it
+    is what the kill or the lost answer interrupts."""
     clock = FakeClock()
-    reg = Registry(_schema_url(own_server, op), lock_timeout=10, clock=clock)
+    url = _schema_url(own_server, op)
+    reg = Registry(url, lock_timeout=10, clock=clock)
     kind, task, call = OPS[op](reg, clock)
+    if crowded:
+        other = Registry(url, lock_timeout=10, clock=clock)
+        other.claim("elsewhere", owner="z")
+        other.close()
     before = _count(reg, kind, task)
     restarts: list[threading.Timer] = []
     faults.set_crash_hook(_kill_and_restart(own_server, point, point == "pg.commit_answer",

@@ -160,12 +160,12 @@ def test_lease_time_is_the_servers_clock(pg: str) -> None:
         assert c.deadline_boot == "" and c.boot_deadline is None
 
 
-def test_the_write_transaction_sets_its_limits_locally(pg: str) -> None:
-    """The write transaction runs with synchronous_commit off (with full durability a flush
-    follows it: the next test) and this operation's timeouts, each set for the transaction
-    (SET LOCAL), so the session keeps the server's defaults between transactions
-    (PgBouncer-safe)."""
-    for durability, expected in (("full", "off"), ("process", "off")):
+def test_durability_maps_to_synchronous_commit(pg: str) -> None:
+    """A writer alone: full -> synchronous_commit on; process -> off (with other writers about,
+    full commits the write asynchronously and flushes behind it: the next tests), with this
+    operation's timeouts, each set for the transaction (SET LOCAL), so the session keeps the
+    server's defaults between transactions (PgBouncer-safe)."""
+    for durability, expected in (("full", "on"), ("process", "off")):
         reg = Registry(pg, durability=durability)  # type: ignore[arg-type]
         store = reg.store
         assert isinstance(store, PostgresStore)
@@ -216,37 +216,63 @@ def _unflushed(conn: psycopg.Connection[Any]) -> int:
     return max(0, int(row[0]) - 40)
 
 
+@pytest.mark.parametrize("crowded", [False, True], ids=["alone", "crowded"])
 @pytest.mark.parametrize("op", ["claim", "renew", "release", "claim_next"])
 def test_full_durability_returns_only_once_the_wal_is_flushed(
-        lazy_wal_server: PgServer, op: str) -> None:
-    """With durability="full" the head lock is not held across the flush: the write commits
-    asynchronously and a synchronous transaction behind it, in the same message, waits for
-    the WAL flush. When a call returns, nothing it wrote is left unflushed (with the flush
-    left out, the WAL writer of this server would leave the write unflushed for seconds)."""
+        lazy_wal_server: PgServer, op: str, crowded: bool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With durability="full" a call returns only once the WAL is flushed past its write:
+    alone, the write commits synchronously; while another writer is about, the head lock is
+    not held across the flush (the write commits asynchronously and a synchronous transaction
+    behind it, in the same message, waits for the flush). Nothing a call wrote is left
+    unflushed when it returns (with the flush left out, this server's WAL writer would leave
+    the write unflushed for seconds)."""
     url = f"{lazy_wal_server.url()}?schema=flush_{uuid.uuid4().hex[:8]}"
     reg = Registry(url, durability="full")
+    other = Registry(url, durability="full")
+    sent: list[list[str]] = []
+    run = pgc.Batch.run
+
+    def record(batch: pgc.Batch) -> list[list[tuple[Any, ...]]]:
+        sent.append(list(batch._parts))  # type: ignore[attr-defined]
+        return run(batch)
+
+    monkeypatch.setattr(pgc.Batch, "run", record)
     claim = reg.claim("t", owner="a")
     reg.add("q")
+    reg.renew("t", token=claim.token or "")  # (alone from here on, unless crowded)
     watcher = psycopg.connect(lazy_wal_server.url(), autocommit=True)
+    sent.clear()
     try:
         for _ in range(3):
+            if crowded:
+                other.release("o", token=other.claim("o", owner="z").token)
             if op == "claim":
                 reg.release("t", token=claim.token)
+                if crowded:
+                    other.release("o", token=other.claim("o", owner="z").token)
                 claim = reg.claim("t", owner="a")
             elif op == "renew":
                 claim = reg.renew("t", token=claim.token or "")
             elif op == "release":
                 reg.release("t", token=claim.token)
                 assert _unflushed(watcher) == 0
+                if crowded:
+                    other.release("o", token=other.claim("o", owner="z").token)
                 claim = reg.claim("t", owner="a")
             else:
                 got = reg.claim_next(owner="b")
                 assert got is not None and got.task == "q"
+                assert _unflushed(watcher) == 0
                 reg.release("q", token=got.token)
             assert _unflushed(watcher) == 0
+        writes = [parts for parts in sent if "COMMIT" in parts]
+        flushed_after = [parts for parts in writes if "BEGIN" in parts[parts.index("COMMIT"):]]
+        assert writes and (len(flushed_after) > 0) == crowded
     finally:
         watcher.close()
         reg.close()
+        other.close()
 
 
 def test_a_role_denied_the_flush_commits_synchronously(lazy_wal_server: PgServer) -> None:
@@ -261,19 +287,25 @@ def test_a_role_denied_the_flush_commits_synchronously(lazy_wal_server: PgServer
             admin.execute(f"REVOKE EXECUTE ON FUNCTION pg_logical_emit_message({signature}) "
                           "FROM PUBLIC")
     reg = Registry(url.replace("postgres@", "denied_flush@"), durability="full")
+    other = Registry(url.replace("postgres@", "denied_flush@"), durability="full")
     watcher = psycopg.connect(lazy_wal_server.url(), autocommit=True)
     try:
+        reg.claim("warm", owner="a")
+        other.claim("o", owner="z")  # (another writer about: the write flushes behind it)
         first = reg.claim("t", owner="a")
         assert first.token and _unflushed(watcher) == 0
-        grants = [e for e in reg.store.iter_events(0) if e["type"] == "claim_created"]
+        grants = [e for e in reg.store.iter_events(0) if e["type"] == "claim_created"
+                  and e["task"] == "t"]
         assert [g["token_hash"] for g in grants] == [first.token_hash]  # granted once
         assert reg.store._flush_after is False  # type: ignore[attr-defined]  # (fell back)
+        other.claim("p", owner="z")
         second = reg.claim("u", owner="a")
         assert second.token and _unflushed(watcher) == 0
         assert reg.verify().ok
     finally:
         watcher.close()
         reg.close()
+        other.close()
 
 
 def test_closed_handles_leave_no_watchdog_threads(pg: str) -> None:

@@ -351,6 +351,7 @@ class Queries:
         # PostgreSQL; bench/README.md).
         self.flush = ("SELECT set_config('synchronous_commit', 'on', true), txid_current(), "
                       "pg_logical_emit_message(false, 'fleetclaims', 'flush')")
+        self.commit_mode = "SELECT set_config('synchronous_commit', %s, true)"
         # This transaction's settings, then the head row locked, in one statement: the
         # settings are a subquery joined below the row lock (FOR UPDATE locks the rows the
         # join returns), so lock_timeout is in force when the lock is waited for.

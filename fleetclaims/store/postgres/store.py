@@ -114,10 +114,13 @@ class PostgresStore:
         self._prepares, self._fast = self.sql.prepared()
         self._q = self.sql  # the write transaction's statements on this connection
         self._writes = 0  # write transactions begun on this connection
-        # Full durability: the write commits asynchronously and a flush follows it (the head
-        # lock is not held across the fsync); off where the flush cannot run (a role denied
-        # pg_logical_emit_message): the write then commits synchronously itself.
+        # Full durability: while other writers are about, the write commits asynchronously
+        # and a flush follows it (the head lock is not held across the fsync); alone, the write
+        # commits synchronously itself (the flush would only add a transaction). _flush_after
+        # is off where the flush cannot run (a role denied pg_logical_emit_message).
         self._flush_after = True
+        self._crowded = False  # whether others wrote between our last two operations
+        self._async = False  # whether this transaction's write was begun with an async commit
 
     # --- connections -------------------------------------------------------------------------
 
@@ -321,8 +324,8 @@ class PostgresStore:
         batch = pgc.Batch(conn)
         batch.add("BEGIN")
         # (with full durability a synchronous commit only where _write cannot flush after it)
-        batch.add(q.lock, pgc.local_settings(self.sync and not self._flush_after,
-                                             deadline - time.monotonic()))
+        self._async = not self.sync or (self._flush_after and self._crowded)
+        batch.add(q.lock, pgc.local_settings(not self._async, deadline - time.monotonic()))
         # One equality lookup per row (measured: far cheaper for the server to plan than one
         # statement joining an array of tasks); a claim row's JSON comes only when it differs
         # from our copy.
@@ -337,6 +340,8 @@ class PostgresStore:
         if row is None:
             raise RegistryCorrupt(self.location, "the head row of the journal is missing")
         seq, head, fence, origin, server_wall = row
+        # Another writer committed since our last operation: the head is contended.
+        self._crowded = int(seq) != self._head[0]
         self._head = (int(seq), int(fence), str(head), str(origin))
         self._wall = float(server_wall)
         if self.server_clock or self.clock is None:
@@ -376,8 +381,11 @@ class PostgresStore:
             for task_row in task_rows(tasks):
                 batch.add(q.task_upsert, task_row)
             batch.add(q.head_update, head)
+        flush = self.sync and self._flush_after and self._crowded
+        if self.sync and self._async != flush:  # (crowded or not since the lock was asked for)
+            batch.add(q.commit_mode, ("off" if flush else "on",))
         batch.add("COMMIT")
-        if not (self.sync and self._flush_after):
+        if not flush:
             batch.run()
             return
         committed = len(batch)  # answers up to and including the write's COMMIT

@@ -229,8 +229,14 @@ def pg_server() -> Iterator[PgServer]:
         import psycopg  # noqa: F401
     except ImportError:
         pytest.skip("psycopg is not installed (pip install 'fleetclaims[postgres]')")
+    yield from serve()
+
+
+def serve(options: str = "") -> Iterator[PgServer]:
+    """The body of a fixture: a throwaway server (``options``: more settings), skipping the
+    test where no server binaries are installed, removed when the fixture ends."""
     try:
-        server = start_server()
+        server = start_server(options=options)
     except LookupError as exc:
         pytest.skip(str(exc))
     try:

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from fc_support import run_workers
 from oracle import check, operations
-from pg_server import PgServer, start_server
+from pg_server import PgServer, serve, start_server
 
 from fleetclaims import (
     ClaimConflict,
@@ -197,14 +197,7 @@ def test_durability_maps_to_synchronous_commit(pg: str) -> None:
 def lazy_wal_server() -> Iterator[PgServer]:
     """A server whose WAL writer flushes asynchronous commits only every 10 s and that runs
     no autovacuum: WAL inserted and not yet flushed stays so while a test looks."""
-    try:
-        server = start_server(options="-c wal_writer_delay=10s -c autovacuum=off")
-    except LookupError as exc:
-        pytest.skip(str(exc))
-    try:
-        yield server
-    finally:
-        server.destroy()
+    yield from serve(options="-c wal_writer_delay=10s -c autovacuum=off")
 
 
 def _unflushed(conn: psycopg.Connection[Any]) -> int:

@@ -227,7 +227,7 @@ def test_full_durability_returns_only_once_the_wal_is_flushed(
     run = pgc.Batch.run
 
     def record(batch: pgc.Batch) -> list[list[tuple[Any, ...]]]:
-        sent.append(list(batch._parts))  # type: ignore[attr-defined]
+        sent.append(list(batch._parts))
         return run(batch)
 
     monkeypatch.setattr(pgc.Batch, "run", record)

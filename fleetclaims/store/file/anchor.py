@@ -21,7 +21,6 @@ import contextlib
 import hashlib
 import hmac
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,7 +224,7 @@ def create_key() -> tuple[Path, bool]:
     except FileExistsError:
         return path, False
     try:
-        os.write(fd, secrets.token_hex(32).encode())
+        os.write(fd, os.urandom(32).hex().encode())  # (as secrets.token_hex)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import threading
 import weakref
 from dataclasses import dataclass
@@ -44,6 +43,8 @@ from .reader import find_offset
 from .snapshot import encode_snapshot, snapshot_seq, write_snapshot
 
 if TYPE_CHECKING:
+    import queue
+
     from .catchup import CatchUp
 
 __all__ = ["rotate", "settle"]
@@ -300,21 +301,24 @@ class _Closer:
     caller wait up to ~10 ms for it to be scheduled on a busy machine."""
 
     def __init__(self) -> None:
-        self.queue: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[int] | None = None  # (made on first use: see below)
         self.pid = 0
 
     def close_later(self, fd: int) -> None:
-        if self.pid != os.getpid():  # (first use, or a forked child: no thread of ours yet)
-            self.queue = queue.SimpleQueue()
+        fds = self.queue
+        if fds is None or self.pid != os.getpid():  # (first use, or a forked child)
+            import queue  # (here: a cold command that never replaces a file saves ~3 ms)
+
+            fds = self.queue = queue.SimpleQueue()
             try:
-                threading.Thread(target=self._run, args=(self.queue,), daemon=True,
+                threading.Thread(target=self._run, args=(fds,), daemon=True,
                                  name="fleetclaims-close").start()
             except RuntimeError:  # (no new threads: interpreter shutdown)
                 with contextlib.suppress(OSError):
                     os.close(fd)
                 return
             self.pid = os.getpid()
-        self.queue.put(fd)
+        fds.put(fd)
 
     @staticmethod
     def _run(fds: queue.SimpleQueue[int]) -> None:

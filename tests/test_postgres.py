@@ -306,15 +306,21 @@ def test_closed_handles_leave_no_watchdog_threads(pg: str) -> None:
     import threading
 
     Registry(pg).close()
-    before = threading.active_count()
+    # Compared as sets of thread objects, not counts: a thread an earlier test left
+    # (a closer finishing its work) may end meanwhile, and must not hide a leak.
+    before = set(threading.enumerate())
     for i in range(10):
         reg = Registry(pg)
         reg.claim(f"t{i}", owner="a")
         reg.close()
+
+    def started_here() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t not in before and t.is_alive()]
+
     deadline = time.monotonic() + 2
-    while threading.active_count() > before and time.monotonic() < deadline:
+    while started_here() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert threading.active_count() == before
+    assert started_here() == []
 
 
 @pytest.mark.slow

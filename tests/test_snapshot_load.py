@@ -9,6 +9,7 @@ import mmap
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -59,9 +60,14 @@ def small_pieces(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(snapshot, "_READ_PIECE", 97)
     before = set(threading.enumerate())
     yield
-    # (the hasher never outlives a read; compared as sets, so an unrelated thread
-    # ending meanwhile does not matter)
-    assert [t for t in threading.enumerate() if t not in before] == []
+    # The hasher never outlives a read. Compared as sets of threads, so an unrelated thread
+    # ending meanwhile does not matter; one the test started may take a moment to finish.
+    deadline = time.monotonic() + 2
+    while (new := [t for t in threading.enumerate() if t not in before and t.is_alive()]):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert new == []
 
 
 @pytest.fixture(scope="module")

@@ -141,10 +141,7 @@ class QueueMethods:
               labels: Iterable[str] | None = None) -> list[queue.TaskStatus]:
         """Every queued task with its readiness, in hand-out order (priority number, age,
         id); filtered to the given readiness states and to tasks carrying every label."""
-        wanted = None if status is None else set(validate.names("status", status, str))
-        if wanted is not None and not wanted <= set(queue.READINESS_ORDER):
-            raise ValidationError("status", "must be among " + ", ".join(queue.READINESS_ORDER),
-                                  value=sorted(wanted))
+        wanted = None if status is None else set(validate.names("status", status, _readiness))
         need = frozenset(validate.names("labels", labels, validate.label))
         state = self.store.read()
         found = []
@@ -166,6 +163,15 @@ class QueueMethods:
             if record is not None and need <= set(record.labels):
                 out.append(record)
         return out
+
+
+def _readiness(value: Any) -> str:
+    """One readiness state of a ``tasks`` filter, as given: a string naming one (never
+    converted with str(), which a value nested deep enough turns into a RecursionError)."""
+    if not isinstance(value, str) or value not in queue.READINESS_ORDER:
+        raise ValidationError("status", "must be among " + ", ".join(queue.READINESS_ORDER),
+                              value=value)
+    return value
 
 
 _ITEM_KEYS = frozenset({"task", "id", "title", "description", "labels", "priority",
@@ -207,9 +213,13 @@ def _item_spec(index: int, item: Any) -> queue.Task:
     if not isinstance(item, Mapping):
         raise ValidationError(f"tasks[{index}]", "must be an object with a task id",
                               value=item)
-    unknown = sorted(str(k) for k in item if k not in _ITEM_KEYS)
+    # (named as given when a string, else by type: str() of a key nested deep recurses)
+    unknown = sorted(k if isinstance(k, str) else f"<{type(k).__name__}>"
+                     for k in item if k not in _ITEM_KEYS)
     if unknown:
-        raise ValidationError(f"tasks[{index}]", "has unknown keys " + ", ".join(unknown)
+        shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more"
+                                           if len(unknown) > 10 else "")
+        raise ValidationError(f"tasks[{index}]", "has unknown keys " + shown
                               + "; known: " + ", ".join(sorted(_ITEM_KEYS)))
     if ("task" in item) == ("id" in item):
         raise ValidationError(f"tasks[{index}]", "must carry exactly one of task or id")

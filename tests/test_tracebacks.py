@@ -6,6 +6,7 @@ a refusal changes nothing, and the journal still verifies."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -200,6 +201,10 @@ def test_registry_constructor_raises_only_typed_errors(
     lambda r: r.claim("t", owner="a", note="a\udcffb"),
     lambda r: r.claim("tâche", owner="a"),
     lambda r: r.tasks(status=5),
+    # (a readiness filter nested deep: found by the fuzz below; str() of it recursed)
+    lambda r: r.tasks(status=[nested(1992, None)]),
+    lambda r: r.tasks(status=[1]),
+    lambda r: r.add_many([{"id": "t", functools.reduce(lambda t, _: (t,), range(3000), ()): 1}]),
     lambda r: r.claims(include_expired="yes"),
     lambda r: r.release("t", force="no", reason="r"),
     lambda r: fleetclaims.Registry(r.location, lock_timeout=math.inf),

@@ -152,6 +152,8 @@ def require_registry(location: str) -> None:
         raise RegistryNotFound(location, "it is a file, not a directory") from None
     except PermissionError as exc:
         raise AccessDenied(location, exc.strerror or "permission denied") from None
+    except OSError as exc:  # a name too long, a loop of symlinks, an I/O error ...
+        raise RegistryNotFound(location, f"it cannot be read ({exc.strerror or exc})") from None
     if not names & set(REGISTRY_MARKERS):
         raise RegistryNotFound(location, "the directory holds no registry files ("
                                + ", ".join(REGISTRY_MARKERS) + ")")

@@ -227,6 +227,20 @@ def test_issue_inputs_are_validation_errors(tmp_path: Path,
     assert journal_digest(reg) == before
 
 
+def test_paths_too_long_to_open_are_typed(tmp_path: Path) -> None:
+    """A path the OS refuses to look up (ENAMETOOLONG) is a registry not found, for a merge
+    source and for an existing registry alike, not an OSError; nothing was written."""
+    reg = fleetclaims.Registry(tmp_path / "reg")
+    reg.sweep()
+    before = journal_digest(reg)
+    too_long = str(tmp_path / ("x" * 100_000))
+    with pytest.raises(fleetclaims.RegistryNotFound, match="cannot be read"):
+        reg.merge(too_long)
+    with pytest.raises(fleetclaims.RegistryNotFound, match="cannot be read"):
+        fleetclaims.Registry(too_long, create=False)
+    assert journal_digest(reg) == before
+
+
 def test_validation_error_names_the_parameter_value_and_form(tmp_path: Path) -> None:
     """The message names the parameter, the value shortened, and the accepted form."""
     reg = fleetclaims.Registry(tmp_path / "reg")

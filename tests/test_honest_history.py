@@ -17,10 +17,17 @@ import orjson
 import pytest
 from fc_support import file_store, journal_lines, quarantined, replay, run_python
 
-from fleetclaims import AuditCorrupt, HistoryLost, Registry, RegistryCorrupt, TaskCompleted
+from fleetclaims import (
+    AuditCorrupt,
+    ClaimConflict,
+    HistoryLost,
+    Registry,
+    RegistryCorrupt,
+    TaskCompleted,
+)
 from fleetclaims.core.chain import seal
 from fleetclaims.location import resolve as fleetclaims_location
-from fleetclaims.store.file import anchor, doctor
+from fleetclaims.store.file import anchor, doctor, forked
 from fleetclaims.store.file.snapshot import encode_snapshot, read_snapshot
 
 pytestmark = pytest.mark.integration
@@ -113,6 +120,68 @@ def test_wiped_folder_outside_a_repository_is_refused(tmp_path: Path) -> None:
     done = _cli(d, "init", "--new-history")
     assert done.returncode == 0, done.stderr
     assert Registry(d).claim("x", owner="b").fence == top + 1
+
+
+def test_a_handle_whose_folder_was_wiped_refuses_its_next_write(tmp_path: Path) -> None:
+    """A long-lived handle, its folder removed under it: its next write is refused like a new
+    handle's, not appended to the deleted journal (acknowledged, then lost with it)."""
+    d = tmp_path / "r"
+    top = _history(d)
+    reg = Registry(d)
+    assert len(reg.claims()) == top
+    shutil.rmtree(d)
+    with pytest.raises(HistoryLost, match="removed or emptied"):
+        reg.claim("x", owner="b")
+    with pytest.raises(HistoryLost):
+        reg.claims()
+    reg.close()
+
+
+def test_a_handle_whose_folder_was_replaced_joins_the_new_registry(tmp_path: Path) -> None:
+    """The folder replaced under a live handle (removed, and a new registry started there with
+    no anchor to refuse it): the handle writes to the registry now at the path and takes its
+    lock, so the two handles still never both hold a task."""
+    d = tmp_path / "r"
+    old = Registry(d)
+    old.claim("a", owner="old")  # (never closed: nothing anchored, the new registry is allowed)
+    shutil.rmtree(d)
+    new = Registry(d)
+    assert new.claims() == []
+    b = old.claim("b", owner="old")
+    assert [c.task for c in new.claims()] == ["b"]
+    with pytest.raises(ClaimConflict):
+        new.claim("b", owner="new")
+    assert b.fence == 1 and [c.task for c in old.claims()] == ["b"]
+    old.close()
+    new.close()
+    assert Registry(d).verify().ok
+
+
+def test_no_snapshot_lands_in_a_folder_replaced_under_its_writer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folder restored from a copy while a handle still has the old one open: the handle's
+    checkpoint (at close here; a settle helper's or a forked child's likewise) is not written
+    into the restored folder, where it would stand ahead of that journal."""
+    d, backup = tmp_path / "r", tmp_path / "backup"
+    reg = Registry(d, durability="process")
+    for i in range(3):
+        reg.claim(f"t{i}", owner="a")
+    reg.close()
+    shutil.copytree(d, backup)
+    reg = Registry(d, durability="process")
+    for i in range(5):
+        reg.claim(f"u{i}", owner="a")
+    assert file_store(reg).lagging()  # (a checkpoint is owed at close)
+    moved = forked.moved_since(file_store(reg))
+    assert not moved()
+    shutil.rmtree(d)
+    shutil.copytree(backup, d)
+    assert moved()
+    monkeypatch.setenv("FLEETCLAIMS_ANCHOR_DIR", str(tmp_path / "other-anchors"))  # (deliberate)
+    reg.close()
+    restored = Registry(d)
+    assert sorted(c.task for c in restored.claims()) == ["t0", "t1", "t2"]
+    assert restored.verify().ok
 
 
 def _git(cwd: Path, *args: str) -> None:

@@ -70,6 +70,9 @@ class CatchUp:
     def _io_failure(self, operation: str, exc: OSError) -> DurabilityError:
         raise NotImplementedError
 
+    def _reopen(self) -> None:
+        raise NotImplementedError
+
     def _sweep_temp_files(self) -> None:
         raise NotImplementedError
 
@@ -88,6 +91,8 @@ class CatchUp:
                 raise self._poisoned
             try:
                 self._ensure_open()
+                if self._lock.unlinked():  # the folder was removed or replaced under us
+                    self._reopen()
                 try:
                     return self._catch_up(writer=False)
                 except AuditCorrupt:

@@ -119,6 +119,16 @@ class RegistryLock:
         if not _try_lock(self.fd):
             self._wait(idle)
 
+    def unlinked(self) -> bool:
+        """Whether claims.lock was removed, or renamed over, since we opened it: the folder was
+        deleted (or replaced) under this handle, whose descriptors then hold files that are no
+        longer the registry's, and whose flock excludes nobody who opens it now. One fstat of
+        this file (never the journal's: see ``generation``)."""
+        try:
+            return os.fstat(self.fd).st_nlink == 0
+        except OSError:
+            return False
+
     def generation(self) -> int:
         """The journal generation: bumped (under the lock) whenever the journal is replaced or
         cut back, so every handle reloads. Kept here rather than found by stat()ing the

@@ -14,12 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core import events as ev
-from ...core.errors import (
-    DurabilityError,
-    FleetclaimsError,
-    UnsafeRegistry,
-    ValidationError,
-)
+from ...core.errors import DurabilityError, FleetclaimsError, UnsafeRegistry, ValidationError
 from ...core.model import Now
 from ...core.rules import Decision
 from ...core.state import State
@@ -29,21 +24,10 @@ from . import forked, fsutil, rest, rotation
 from .catchup import JOURNAL, LOCK, SNAPSHOT
 from .faults import crash_point, osc
 from .history import History
-from .journal import (
-    cut_back,
-    preallocate,
-    seal_events,
-    undo_unsynced,
-    write_at,
-)
+from .journal import cut_back, preallocate, seal_events, undo_unsynced, write_at
 from .lock import RegistryLock
 from .reader import JournalReader
-from .snapshot import (
-    encode_snapshot,
-    snapshot_seq,
-    sweep_temp_files,
-    write_snapshot,
-)
+from .snapshot import encode_snapshot, snapshot_seq, sweep_temp_files, write_snapshot
 
 # Checkpoint when the journal tail since the last snapshot exceeds max(MIN, snapshot/DIVISOR):
 # the snapshot write is then paid for by at least snapshot/DIVISOR bytes of appends, so the
@@ -133,6 +117,13 @@ class FileStore(History):
             self._lock.fd = fsutil.open_file(self._lock.path, os.O_RDONLY)
         self._pid = pid
 
+    def _reopen(self) -> None:
+        """claims.lock was removed under this handle (the folder deleted or replaced): its files
+        are no longer the registry's. Start again from the path, as a new handle would."""
+        self._reset_handles()
+        self._pid = -1
+        self._ensure_open()
+
     def _reset_handles(self) -> None:
         if self._forked[0] and self._pid == os.getpid():
             with contextlib.suppress(OSError):
@@ -204,7 +195,7 @@ class FileStore(History):
         self._drop_state()
         return error
 
-    def _transact(self, decide: Decide) -> tuple[Decision, State]:
+    def _transact(self, decide: Decide, *, reopened: bool = False) -> tuple[Decision, State]:
         self._ensure_open()
         self._refuse_foreign()
         if self._state is None or self._others_wrote:
@@ -212,6 +203,10 @@ class FileStore(History):
         lock = self._lock
         # (not lock.held(): a generator context manager costs ~1 us an op)
         lock.acquire(self._wait_work if self._state is not None else None)
+        if not reopened and lock.unlinked():  # (our folder was removed or replaced)
+            lock.release()
+            self._reopen()
+            return self._transact(decide, reopened=True)
         mine: list[dict[str, Any]] = []  # our sealed lines, applied after releasing the lock
         try:
             seen = self._offset
@@ -452,8 +447,8 @@ class FileStore(History):
         try:
             at = self._rest
             if (self._poisoned is not None or self._pid != os.getpid() or self._fd < 0
-                    or self._state is None or not at.dirty):
-                return True  # (a handle that only read leaves the files as they are)
+                    or self._state is None or not at.dirty or self._lock.unlinked()):
+                return True  # (only read, or the folder is gone: nothing of ours to settle)
             if not (wait or at.quiet()):
                 return True  # written meanwhile: the keeper waits for quiet again
             with self._lock.held():

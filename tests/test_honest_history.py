@@ -27,7 +27,7 @@ from fleetclaims import (
 )
 from fleetclaims.core.chain import seal
 from fleetclaims.location import resolve as fleetclaims_location
-from fleetclaims.store.file import anchor, doctor, forked
+from fleetclaims.store.file import anchor, doctor, forked, segments
 from fleetclaims.store.file.snapshot import encode_snapshot, read_snapshot
 
 pytestmark = pytest.mark.integration
@@ -120,6 +120,30 @@ def test_wiped_folder_outside_a_repository_is_refused(tmp_path: Path) -> None:
     done = _cli(d, "init", "--new-history")
     assert done.returncode == 0, done.stderr
     assert Registry(d).claim("x", owner="b").fence == top + 1
+
+
+def test_new_history_sets_sealed_segments_aside_too(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """init --new-history over a registry whose journal was rotated into segments/: the sealed
+    segments (the old chain's head) go to quarantine/ with the journal, so the new history
+    starts clean (it used to meet the old segments and refuse its first claim)."""
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 16_000)
+    d = tmp_path / "r"
+    reg = Registry(d)
+    for i in range(40):
+        c = reg.claim(f"issue-{i}", owner="a")
+        reg.renew(c.task, token=c.token)
+        reg.release(c.task, token=c.token)
+    reg.close()
+    assert segments.sealed(d)
+    done = _cli(d, "init", "--new-history")
+    assert done.returncode == 0, done.stderr
+    assert not (d / "segments").exists()
+    assert any("segments" in p.name and not p.name.endswith(".note.json")
+               for p in (d / "quarantine").iterdir())
+    assert Registry(d).claim("x", owner="b").fence == 41
+    assert Registry(d).verify().ok
+    assert doctor.check(d).kinds() == ["quarantined"]  # (an [info] line: what was set aside)
 
 
 def test_a_handle_whose_folder_was_wiped_refuses_its_next_write(tmp_path: Path) -> None:

@@ -12,16 +12,18 @@ fence mark in claims.lock, and, with --fix, acknowledge what is lost in the jour
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...core import events as ev
 from ...core.state import State
-from . import anchor, fsutil
+from . import anchor, fsutil, segments
 from .faults import osc
 from .journal import seal_events, write_at
 from .lock import FENCE_OFFSET, FENCE_SIZE, RegistryLock
@@ -151,9 +153,11 @@ def new_history(path: Path) -> dict[str, Any]:
             found = anchor.read(path)
             floor = max(lock.fence_mark(), found.fence if found is not None else 0)
             quarantined = []
-            for name in (JOURNAL, SNAPSHOT):
+            # (segments/ too: the sealed head of the old chain, which the new one cannot
+            # follow; archived.json inside it names an archive of the old history)
+            for name in (JOURNAL, SNAPSHOT, segments.DIRNAME):
                 if os.path.lexists(path / name):
-                    if name == JOURNAL:
+                    if name != SNAPSHOT:
                         floor = max(floor, _highest_in(path / name, highest_fence))
                     quarantined.append(fsutil.quarantine_file(
                         path, path / name, "init --new-history: the previous history").name)
@@ -177,9 +181,23 @@ def new_history(path: Path) -> dict[str, Any]:
             "quarantined": quarantined}
 
 
-def _highest_in(journal: Path, highest: Callable[[bytes], int]) -> int:
+def _highest_in(where: Path, highest: Callable[[bytes], int]) -> int:
+    """The highest fence written in a journal, or in the sealed segments of a folder (as far
+    as each reads: a damaged one still has the anchor and claims.lock above it)."""
+    if not where.is_dir():
+        with open(where, "rb") as f:
+            return _highest_in_lines(f, highest)
+    import gzip
+
     top = 0
-    with open(journal, "rb") as f:
-        for line in f:  # (by line: a number is never cut in two)
-            top = max(top, highest(line))
+    for seg in segments.sealed(where.parent):
+        with contextlib.suppress(OSError, EOFError, zlib.error), gzip.open(seg.path) as f:
+            top = max(top, _highest_in_lines(f, highest))
+    return top
+
+
+def _highest_in_lines(lines: Iterable[bytes], highest: Callable[[bytes], int]) -> int:
+    top = 0
+    for line in lines:  # (by line: a number is never cut in two)
+        top = max(top, highest(line))
     return top

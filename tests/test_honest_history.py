@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from fc_support import file_store, journal_lines, quarantined, replay, run_python
+from fc_support import file_store, journal_lines, quarantined, replay, run_python, token_of
 
 from fleetclaims import (
     AuditCorrupt,
@@ -131,9 +131,9 @@ def test_new_history_sets_sealed_segments_aside_too(tmp_path: Path,
     d = tmp_path / "r"
     reg = Registry(d)
     for i in range(40):
-        c = reg.claim(f"issue-{i}", owner="a")
-        reg.renew(c.task, token=c.token)
-        reg.release(c.task, token=c.token)
+        token = token_of(reg.claim(f"issue-{i}", owner="a"))
+        reg.renew(f"issue-{i}", token=token)
+        reg.release(f"issue-{i}", token=token)
     reg.close()
     assert segments.sealed(d)
     done = _cli(d, "init", "--new-history")

@@ -358,3 +358,44 @@ def test_audit_task_reads_the_task_lines_alone(tmp_path: Path, small: None,
                  str(scanned[0]["seq"]), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["events"] == scanned[1:4] and doc["more"]
+
+
+@pytest.mark.slow
+def test_a_rotation_sealed_but_not_switched_verifies_before_and_after_an_archive(
+        tmp_path: Path) -> None:
+    """The state a rotation leaves between sealing a segment and switching journals (its
+    writer killed there, or closed before the next operation finished it): the active journal
+    still holds the sealed lines, and a checkpoint taken then sits at its own offset in it.
+    `audit verify` and doctor agree with the store that this is healthy, also once `audit
+    archive` has moved every sealed segment out (the snapshot then stands at the archive's
+    anchor: no line of the chain after it is read). Both used to report the snapshot as not
+    anchored (verify exit 5; doctor after any archive: a problem --fix could not clear)."""
+    d = tmp_path / "r"
+    proc = run_python(CHILD, str(d), "120", "inline",
+                      env={"FLEETCLAIMS_CRASH_AT": "segment.after_seal:1"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    reg = fleetclaims.Registry(d)
+    store = reg.store
+    state = store.read()
+    sealed = segments.sealed(d)
+    assert sealed and sealed[-1].last == state.seq  # (sealed up to the head, not switched)
+    assert _first_seq(d) <= state.seq
+    store._checkpoint(unlocked=True)  # type: ignore[attr-defined]  # (as a settle would)
+    reg.close()
+    assert json.loads((d / "claims.json").read_bytes()[:200].split(b',"head"')[0] + b"}")[
+        "offset"] > 0
+    for when in ("before", "after"):
+        report = fleetclaims.Registry(d).verify()
+        assert report.ok and report.anchor_ok, (when, report)
+        check = doctor.check(d)
+        assert [f.kind for f in check.findings if f.severity != "info"] == [], (when, check)
+        if when == "before":
+            done = run_python("import sys; from fleetclaims.cli import main; "
+                              "sys.exit(main(['--dir', sys.argv[1], 'audit', 'archive', "
+                              "'--before', '0s']))", str(d))
+            assert done.returncode == 0, done.stderr
+            assert (d / "segments" / "archived.json").exists()
+    assert doctor.check(d, fix=True).ok
+    top = max(json.loads(line)["fence"] for line in proc.stdout.splitlines()
+              if line.startswith("{"))
+    assert fleetclaims.Registry(d).claim("after", owner="b").fence == top + 1

@@ -38,8 +38,8 @@ CATCH_UP_CHUNK = 4096
 _RAW, _LINKS, _EVENTS = 0, 1, 2  # what JournalReader._scan does with each line
 
 __all__ = [
-    "CATCH_UP_CHUNK", "CHUNK", "Damage", "JournalReader", "events_after", "find_offset",
-    "first_nonzero", "first_nul", "iter_lines", "verify_fd",
+    "CATCH_UP_CHUNK", "CHUNK", "Damage", "JournalReader", "at_archive", "at_offset", "events_after",
+    "find_offset", "first_nonzero", "first_nul", "iter_lines", "verify_fd",
 ]
 
 
@@ -508,9 +508,11 @@ def _verify_from(reader: JournalReader, progress: Callable[[int, int], None] | N
         for offset, _, digest in reader.links():
             count += 1
             if anchor is not None and reader.seq == anchor[0]:
-                anchor_ok = reader.offset == anchor[1] and digest == anchor[2]
+                anchor_ok = digest == anchor[2] and at_offset(reader, anchor)
             if progress is not None and count % 65536 == 0:
                 progress(offset, size)
+        if anchor is not None and not anchor_ok and reader.from_anchor:
+            anchor_ok = at_archive(reader, anchor)
         damage = reader.damage
         if damage is not None:
             return VerifyReport(False, count, reader.offset, reader.prev, damage.reason,
@@ -527,6 +529,39 @@ def _verify_from(reader: JournalReader, progress: Callable[[int, int], None] | N
                             damage.seq, damage.offset, anchor_ok)
     return VerifyReport(True, count, reader.offset, reader.prev, None, None, None, anchor_ok,
                         len(reader.torn))
+
+
+def at_offset(reader: JournalReader, anchor: tuple[int, int, str]) -> bool:
+    """Whether the line ``reader`` just read (seq and hash those of ``anchor``, a snapshot's)
+    ends at the snapshot's offset. A line read from a sealed segment (offset 0) that the active
+    journal still holds too (a rotation sealed it but did not switch journals yet) is looked
+    up there, as the store does."""
+    if reader.offset == anchor[1]:
+        return True
+    return reader.offset == 0 and anchor[1] > 0 and _line_ends_at(reader.fd, anchor)
+
+
+def at_archive(reader: JournalReader, anchor: tuple[int, int, str]) -> bool:
+    """Whether a snapshot is at the archive anchor ``reader`` started from (the line at its
+    seq archived, so never read): the archive anchor's seq and hash are the snapshot's, and
+    its offset is 0 or ends that line in the active journal (sealed, not switched yet)."""
+    try:
+        found = archive.read_anchor(Path(reader.path).parent)
+    except ArchiveMismatch:
+        return False
+    return found is not None and (found.seq, found.hash) == (anchor[0], anchor[2]) and (
+        anchor[1] == 0 or _line_ends_at(reader.fd, anchor))
+
+
+def _line_ends_at(fd: int, anchor: tuple[int, int, str]) -> bool:
+    found = line_before(fd, anchor[1])
+    if found is None:
+        return False
+    with contextlib.suppress(orjson.JSONDecodeError):
+        event = orjson.loads(found[1])
+        seq, _, head = anchor
+        return isinstance(event, dict) and (event.get("seq"), event.get("hash")) == (seq, head)
+    return False
 
 
 def snapshot_problem(fd: int, snapshot: Snapshot, directory: Path) -> str | None:

@@ -29,11 +29,11 @@ from ...core.errors import AuditCorrupt, FleetclaimsError
 from ...core.model import Claim
 from ...core.ports import ClaimView
 from ...core.state import State
-from . import fsutil
+from . import archive, fsutil, segments
 from .faults import crash_point
 from .journal import apply_checked
 from .lock import bump_generation_at
-from .reader import CHUNK, JournalReader, first_nul, iter_lines
+from .reader import CHUNK, JournalReader, at_archive, at_offset, first_nul, iter_lines
 from .snapshot import Snapshot, claim_records, encode_snapshot, write_snapshot
 from .store import JOURNAL, LOCK, SNAPSHOT
 
@@ -86,12 +86,37 @@ def scan_journal(path: Path, snapshot: Snapshot | None) -> JournalScan:
 
 
 def _replay(fd: int, out: JournalScan, snapshot: Snapshot | None) -> None:
-    state = out.state
     where = str(out.path / JOURNAL)
+    if snapshot is not None and (out.path / segments.DIRNAME / archive.ANCHOR).exists():
+        # Events were archived (`audit archive`): a replay from seq 1 cannot build the state,
+        # claims.json stands for them. The chain is checked from the archive's anchor, as
+        # `audit verify` does, and the state is the snapshot's carried on by the lines after
+        # it, as the store loads it. (A broken chain: the replay below names the archive.)
+        links = JournalReader(fd, where, from_anchor=True)
+        mark = (snapshot.state.seq, snapshot.offset, snapshot.state.head)
+        for _, _, digest in links.links():
+            if links.seq == mark[0] and digest == mark[2] and at_offset(links, mark):
+                out.snap_anchor = digest
+        if out.snap_anchor is None and at_archive(links, mark):
+            out.snap_anchor = mark[2]
+        if links.damage is None and not links.torn:
+            out.state = snapshot.state.copy()
+            out.snap_claims = out.state.claims.copy()
+            _apply_lines(fd, out, JournalReader(fd, where, offset=snapshot.offset,
+                                                seq=snapshot.state.seq,
+                                                prev=snapshot.state.head), -1, -1)
+            return
+        out.snap_anchor = None
     snap_seq, snap_offset = (snapshot.state.seq, snapshot.offset) if snapshot else (-1, -1)
     if snap_seq == 0:
-        out.snap_claims = state.claims.copy()
-    reader = JournalReader(fd, where)
+        out.snap_claims = out.state.claims.copy()
+    _apply_lines(fd, out, JournalReader(fd, where), snap_seq, snap_offset)
+
+
+def _apply_lines(fd: int, out: JournalScan, reader: JournalReader, snap_seq: int,
+                 snap_offset: int) -> None:
+    state = out.state
+    where = reader.path
     broken: AuditCorrupt | None = None
     for offset, _, event in reader.events():
         try:
@@ -102,7 +127,8 @@ def _replay(fd: int, out: JournalScan, snapshot: Snapshot | None) -> None:
         out.good_end = reader.offset
         if state.seq == snap_seq:  # (a shallow copy: claims are immutable)
             out.snap_claims = state.claims.copy()
-        if reader.offset == snap_offset:
+        if reader.offset == snap_offset or (state.seq == snap_seq and at_offset(
+                reader, (snap_seq, snap_offset, event["hash"]))):
             out.snap_anchor = event["hash"]
     if broken is None and reader.damage is not None:
         broken = reader.corrupt()

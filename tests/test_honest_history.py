@@ -181,6 +181,30 @@ def test_a_handle_whose_folder_was_replaced_joins_the_new_registry(tmp_path: Pat
     assert Registry(d).verify().ok
 
 
+def test_a_folder_moved_under_a_writer_gets_nothing_written_at_the_old_path(
+        tmp_path: Path) -> None:
+    """The folder moved aside under a live handle and a new registry started at the path: the
+    handle goes on in the moved folder (its files, as every process holding them open), and
+    its checkpoint is not renamed into the new registry by path (which left that one with a
+    snapshot of another registry: refused as a foreign journal)."""
+    d = tmp_path / "r"
+    old = Registry(d)
+    old.claim("x", owner="a", ttl=600)
+    d.rename(tmp_path / "moved")
+    new = Registry(d)
+    new.claim("y", owner="b", ttl=600)
+    new.close()
+    old.claim("z", owner="a", ttl=600)
+    old.close()
+    fresh = Registry(d)
+    assert [c.task for c in fresh.claims()] == ["y"]
+    assert fresh.claim("w", owner="b").fence == 2
+    assert fresh.verify().ok
+    moved = Registry(tmp_path / "moved")
+    assert sorted(c.task for c in moved.claims()) == ["x", "z"]
+    assert moved.verify().ok
+
+
 def test_no_snapshot_lands_in_a_folder_replaced_under_its_writer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The folder restored from a copy while a handle still has the old one open: the handle's

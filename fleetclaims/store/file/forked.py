@@ -124,14 +124,15 @@ def collect(store: FileStore, job: Job | None, done: bool) -> bool:
 
 
 def moved_since(store: FileStore) -> Callable[[], bool]:
-    """Whether the journal was replaced (a rotation) after now, or the folder removed or
-    replaced (claims.lock unlinked): then a snapshot taken of it outside the lock must not
-    land (its offset is of the old journal; the folder at the path is another registry)."""
+    """Whether the journal was replaced (a rotation) after now, or the folder removed, moved
+    or replaced (the path no longer leads to our claims.lock): then a snapshot taken of it
+    must not land (its offset is of the old journal; the folder at the path is another
+    registry's, or none)."""
     generation = store._generation
 
     def moved() -> bool:
         try:
-            return store._lock.generation() != generation or store._lock.unlinked()
+            return store._lock.generation() != generation or store._lock.replaced()
         except OSError:
             return False
 

@@ -119,6 +119,19 @@ class RegistryLock:
         if not _try_lock(self.fd):
             self._wait(idle)
 
+    def replaced(self) -> bool:
+        """Whether the path no longer leads to the claims.lock we hold: removed, renamed over,
+        or its folder moved or replaced (a stat of the path, ~3 us: checked before writing a
+        file by path, never per operation)."""
+        try:
+            st = os.stat(self.path)
+            own = os.fstat(self.fd)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) != (own.st_dev, own.st_ino)
+
     def unlinked(self) -> bool:
         """Whether claims.lock was removed, or renamed over, since we opened it: the folder was
         deleted (or replaced) under this handle, whose descriptors then hold files that are no

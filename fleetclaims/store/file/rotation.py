@@ -91,6 +91,8 @@ def rotate(store: CatchUp) -> None:
     elif pending is not None:
         del _PENDING[store]
     fd, end = store._fd, store._offset
+    if store._lock.replaced():
+        return  # (the folder was moved: its files are not at the paths a rotation writes)
     sync = bool(getattr(store, "sync", True))
     sealed = segments.sealed(store.directory)
     last = sealed[-1].last if sealed else 0
@@ -208,8 +210,9 @@ def _finish(store: CatchUp, pending: _Pending, *, block: bool = False) -> bool |
             pending.journal != (os.fstat(store._fd).st_ino, store._generation)
             or len(tail) != end - pending.base
             or (tail and seq_of(tail) != pending.seq + 1)
-            or snapshot_seq(pending.side) != pending.seq):
-        # (failed, overtaken by another writer's rotation, or the journal was replaced)
+            or snapshot_seq(pending.side) != pending.seq or store._lock.replaced()):
+        # (failed, overtaken by another writer's rotation, the journal replaced, or the
+        # folder moved: nothing is renamed by path into what is now there)
         with contextlib.suppress(OSError):
             os.unlink(pending.side)
         return None

@@ -534,7 +534,7 @@ class FileStore(History):
         try:
             written = write_snapshot(self.directory, self.snapshot_path, data, sync=self.sync,
                                      unless_seq=self._state.seq if unlocked else None,
-                                     unless=forked.moved_since(self) if unlocked else None)
+                                     unless=forked.moved_since(self))
         except (OSError, FleetclaimsError) as exc:
             self.last_checkpoint_error = exc if isinstance(exc, OSError) else OSError(str(exc))
             if not quiet:

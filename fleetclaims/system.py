@@ -9,10 +9,13 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from .core.liveness import LocalFacts, Probe, decide_liveness
 from .core.model import Identity, Now, Verdict
@@ -30,6 +33,27 @@ if hasattr(os, "register_at_fork"):
 
 def current_pid() -> int:
     return _PID[0]
+
+
+# A store's mutex held by another thread at the moment of a fork stays held for good in the
+# child (that thread does not exist there), and the child's first call would wait forever.
+# A store notices a fork by its pid and reloads from disk; its mutex is made anew here.
+_FORK_SAFE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def fork_safe_mutex(owner: Any) -> threading.RLock:
+    """A mutex for ``owner`` (its ``_mutex``), replaced by a free one in a forked child."""
+    _FORK_SAFE.add(owner)
+    return threading.RLock()
+
+
+def _fresh_mutexes() -> None:
+    for owner in list(_FORK_SAFE):
+        owner._mutex = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_mutexes)
 
 
 class SystemClock:

@@ -162,3 +162,45 @@ def test_process_durability_mode_still_serialises(tmp_path: Path, durability: st
         p.join(60)
         assert p.exitcode == 0
     check(read_journal(directory))
+
+
+def test_a_fork_while_another_thread_is_inside_a_call(tmp_path: Path) -> None:
+    """A process forks while one of its threads waits inside a registry call (another process
+    holds the registry lock): the child's own calls go through (its handle reloads from the
+    files), instead of waiting forever on the mutex that thread held at the fork."""
+    import subprocess
+    import threading
+
+    d = tmp_path / "r"
+    reg = Registry(d)
+    reg.claim("warm", owner="a", ttl=600)
+    blocker = subprocess.Popen(["flock", str(d / "claims.lock"), "sleep", "1.5"])
+    try:
+        time.sleep(0.3)
+        thread = threading.Thread(target=lambda: reg.claim("t1", owner="thread", ttl=600))
+        thread.start()
+        time.sleep(0.3)  # (the thread is inside claim, waiting for the lock)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                reg.claim("child", owner="child", ttl=600)
+                code = 0
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 30
+        status = None
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung in its first call")
+        assert status == 0
+        thread.join(timeout=30)
+    finally:
+        blocker.wait(timeout=30)
+    assert sorted(c.task for c in Registry(d).claims()) == ["child", "t1", "warm"]

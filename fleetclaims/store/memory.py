@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,7 +13,7 @@ from ..core.chain import envelope, seal
 from ..core.model import Now
 from ..core.rules import Decision
 from ..core.state import State
-from ..system import Clock
+from ..system import Clock, fork_safe_mutex
 from .base import Capabilities, Decide, VerifyReport
 from .file.journal import parse_line
 
@@ -27,7 +26,7 @@ class MemoryStore:
         self.clock = clock
         self.lines: list[bytes] = []
         self._state = State()
-        self._mutex = threading.RLock()
+        self._mutex = fork_safe_mutex(self)
 
     def now(self) -> Now:
         return self.clock.now()

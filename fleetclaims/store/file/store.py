@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from ...core.errors import DurabilityError, FleetclaimsError, UnsafeRegistry, Va
 from ...core.model import Now
 from ...core.rules import Decision
 from ...core.state import State
-from ...system import Clock, current_pid, unsafe_filesystem
+from ...system import Clock, current_pid, fork_safe_mutex, unsafe_filesystem
 from ..base import LOCAL_DIRECTORY, Capabilities, Decide
 from . import forked, fsutil, rest, rotation
 from .catchup import JOURNAL, LOCK, SNAPSHOT
@@ -66,7 +65,7 @@ class FileStore(History):
         self._create = create
         self.journal_path = self.directory / JOURNAL
         self.snapshot_path = self.directory / SNAPSHOT
-        self._mutex = threading.RLock()
+        self._mutex = fork_safe_mutex(self)
         self._pid = -1
         self._lock = RegistryLock(self.directory / LOCK, lock_timeout)
         self._fd = -1

@@ -24,7 +24,6 @@ unreachable for that whole second budget leaves it unknown (``committed=None``).
 from __future__ import annotations
 
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -38,7 +37,7 @@ from ...core.errors import FleetclaimsError, RegistryCorrupt, StoreUnavailable
 from ...core.model import GENESIS, Claim, Now
 from ...core.rules import Decision
 from ...core.state import State
-from ...system import Clock, SystemClock
+from ...system import Clock, SystemClock, fork_safe_mutex
 from ..base import SCHEMA_MIGRATIONS, SERVER_CLOCK, SHARED, Capabilities, Decide, VerifyReport
 from ..file.faults import crash_point
 from . import connection as pgc
@@ -100,7 +99,7 @@ class PostgresStore(PgSession):
         self.durability = durability
         self.lock_timeout = float(lock_timeout)
         self.connect_timeout = connect_timeout
-        self._mutex = threading.RLock()
+        self._mutex = fork_safe_mutex(self)
         self._conn: psycopg.Connection[Any] | None = None
         self._pid = -1
         self._schema_ok = False

@@ -431,6 +431,50 @@ def test_damage_in_the_middle_keeps_the_verified_remainder(tmp_path: Path) -> No
     assert bytes(raw) in quarantined(d).values()  # nothing deleted
 
 
+@pytest.mark.parametrize("snapshot_at", ["head", "middle"])
+def test_damage_in_the_middle_with_a_snapshot_keeps_the_history_after_it(
+        tmp_path: Path, snapshot_at: str) -> None:
+    """The same with claims.json in place (at the head, the usual state at rest, or before the
+    damage): the verified lines after the damage are kept too, so `explain` still tells their
+    tasks' history, and the snapshot only adds what they do not hold (the damaged line's
+    claim). It used to re-record the snapshot's claims and drop every later line (they were
+    only in quarantine: `explain` said "never claimed" of tasks `get` showed held)."""
+    d = tmp_path / "r"
+    reg = Registry(d)
+    early = b""
+    for i in range(8):
+        reg.claim(f"t{i}", owner="a", ttl=600)
+        if i == 1:
+            file_store(reg).checkpoint()
+            early = (d / "claims.json").read_bytes()
+    reg.close()  # (claims.json at the head)
+    if snapshot_at == "middle":
+        (d / "claims.json").write_bytes(early)
+    lines, _ = journal_lines(d)
+    k = 4  # (t3's grant)
+    victim = orjson.loads(lines[k])
+    raw = bytearray((d / "audit.jsonl").read_bytes())
+    raw[sum(len(x) + 1 for x in lines[:k]) + 12] ^= 0x01  # inside the ts of line k
+    (d / "audit.jsonl").write_bytes(bytes(raw))
+    report = doctor.check(d, fix=True)
+    assert report.ok, report.to_dict()
+    assert "segment_kept" in report.kinds()
+    assert doctor.check(d, fix=True).ok  # converged
+    fresh = Registry(d)
+    assert fresh.verify().ok
+    held = {c.task: c.fence for c in fresh.claims()}
+    if snapshot_at == "head":  # (the snapshot restores the damaged line's claim too)
+        assert held == {f"t{i}": i + 1 for i in range(8)}
+    else:
+        assert held == {f"t{i}": i + 1 for i in range(8) if f"t{i}" != victim["task"]}
+    for i in range(8):
+        if f"t{i}" != victim["task"]:
+            why = fresh.explain(f"t{i}")
+            assert why.steps and why.holder == "a", (i, why)
+    assert fresh.claim("new", owner="b").fence == 9
+    assert bytes(raw) in quarantined(d).values()
+
+
 def _forge(d: Path) -> None:
     """Rewrite the journal as a forger would: edit the first grant's owner and re-seal the
     whole chain (no snapshot left to contradict it)."""

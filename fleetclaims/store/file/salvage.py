@@ -26,7 +26,7 @@ import orjson
 from ...core import events as ev
 from ...core.chain import envelope, seal
 from ...core.errors import AuditCorrupt, FleetclaimsError
-from ...core.model import Claim
+from ...core.model import Claim, Task
 from ...core.ports import ClaimView
 from ...core.state import State
 from . import archive, fsutil, segments
@@ -189,6 +189,7 @@ class _Lines:
         self.lines: list[bytes] = []
         self.applied = True  # False once an apply failed: the store replays and reports it
         self.restored: list[str] = []  # tasks whose completion outlived their grant (keep)
+        self.kept_to = 0  # the original seq of the last line kept after a break (keep)
 
     def add(self, fields: dict[str, Any]) -> None:
         event = envelope(self.seq + 1, time.time(), fields, self.head)
@@ -226,6 +227,7 @@ class _Lines:
         self.seq, self.head = self.seq + 1, digest
         self.offset += len(line)
         self.lines.append(line)
+        self.kept_to = max(self.kept_to, int(event["seq"]))
         return True
 
     def _restore_completed(self, event: dict[str, Any]) -> None:
@@ -271,8 +273,11 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
         else:
             recovered = None
         original, carried, fence_floor = _quarantine_journal(path, fd, journal)
-        if snap_name is None and fd >= 0 and journal.break_seq is not None:
-            carried = _keep_segments(fd, journal, lines, original, carried, report)
+        if fd >= 0 and journal.break_seq is not None:
+            # The verified lines after the break are kept (their history), also when a
+            # snapshot ahead is re-recorded below: it only settles the claims they leave off.
+            carried = _keep_segments(fd, journal, lines, original, carried, report,
+                                     restored=snap_name is not None)
         if snap_name is None and (carried or fence_floor > state.fence):
             lines.add(_record_lost(journal, carried, fence_floor, original, report))
         carried = []  # (can be every claim: let them go)
@@ -289,7 +294,10 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
                 "claims": [],
             })
         if snap_name is not None and recovered is not None:
-            _record_snapshot(lines, recovered, snap_name, original, fence_floor)
+            # (lines kept from beyond the snapshot's seq are newer than it: it then only adds
+            # the claims and queued tasks they do not hold, e.g. those of the damaged lines)
+            _record_snapshot(lines, recovered, snap_name, original, fence_floor,
+                             missing_only=lines.kept_to > recovered.seq)
         snapshot = recovered = None  # no longer needed: let them go before the snapshot below
         crash_point("doctor.after_copies")
         end = _write_journal(path, fd, journal.good_end, lines.lines)
@@ -322,14 +330,15 @@ def salvage(path: Path, journal: JournalScan, snapshot: Snapshot | None,
 
 
 def _keep_segments(fd: int, journal: JournalScan, lines: _Lines, original: str | None,
-                   carried: list[Claim], report: DoctorReport) -> list[Claim]:
+                   carried: list[Claim], report: DoctorReport, *, restored: bool) -> list[Claim]:
     """Keep the verified lines after the break (salvage_segments); returns the claims still
-    lost (those the kept lines do not restore as they were)."""
+    lost (those the kept lines do not restore as they were). ``restored``: a snapshot that
+    was ahead re-records every claim afterwards (none is lost)."""
     from .salvage_segments import keep_segments
 
     counts = keep_segments(fd, journal.good_end, journal.break_seq or journal.state.seq + 1,
                            journal.break_reason or "damaged", original, lines, highest_fence)
-    if counts["damaged"]:
+    if counts["damaged"] and not restored:
         shown = ", ".join(f"{d['task']} ({d['type']}, seq {d['seq']})"
                           for d in counts["damaged"][:10])
         report.add("claims_lost", f"held by the damaged lines (kept in the quarantined "
@@ -412,15 +421,21 @@ def _record_lost(journal: JournalScan, carried: list[Claim], fence_floor: int,
 
 
 def _record_snapshot(lines: _Lines, recovered: State, snap_name: str, original: str | None,
-                     fence_floor: int) -> None:
+                     fence_floor: int, *, missing_only: bool) -> None:
     """The events re-recording the claims and work queue of a snapshot that was ahead: one, or
     one per RECORDS_PER_EVENT records (applying them is an upsert of each record, so the parts
-    add up to the whole)."""
+    add up to the whole). ``missing_only``: only what the salvaged lines do not hold."""
     verified = lines.seq
+    kept = lines.state
     # (each claim built afresh and let go: the recovered table stays as read)
-    records = iter(claim_records(recovered.claims))
-    tasks = iter(recovered.tasks.values())
-    parts = max(1, -(-max(len(recovered.claims), len(recovered.tasks)) // RECORDS_PER_EVENT))
+    records: Iterator[tuple[str, Claim]] = iter(claim_records(recovered.claims))
+    tasks: Iterator[Task] = iter(recovered.tasks.values())
+    counts = (len(recovered.claims), len(recovered.tasks))
+    if missing_only:  # (few: what the damaged lines held)
+        claims = [(t, c) for t, c in records if kept.claims.get(t) is None]
+        queued = [t for t in tasks if kept.tasks.get(t.task) is None]
+        records, tasks, counts = iter(claims), iter(queued), (len(claims), len(queued))
+    parts = max(1, -(-max(counts) // RECORDS_PER_EVENT))
     for part in range(parts):
         fields: dict[str, Any] = {
             "type": ev.REGISTRY_REBUILT, "actor": "doctor",

@@ -475,10 +475,14 @@ def test_damage_in_the_middle_with_a_snapshot_keeps_the_history_after_it(
     assert bytes(raw) in quarantined(d).values()
 
 
-def _forge(d: Path) -> None:
+def _forge(d: Path, extra: int = 0) -> None:
     """Rewrite the journal as a forger would: edit the first grant's owner and re-seal the
-    whole chain (no snapshot left to contradict it)."""
+    whole chain (no snapshot left to contradict it); ``extra`` lines more at its end."""
     lines, _ = journal_lines(d)
+    for _ in range(extra):
+        last = orjson.loads(lines[-1])
+        last["seq"] += 1
+        lines.append(orjson.dumps(last))
     out, prev = [], "0" * 64
     for i, line in enumerate(lines):
         event = orjson.loads(line)
@@ -500,6 +504,32 @@ def test_a_resealed_forgery_is_found_by_the_anchor(tmp_path: Path) -> None:
     _forge(d)
     done = _cli(d, "audit", "verify")
     assert done.returncode == 5 and "anchor" in done.stdout, done.stdout
+
+
+def test_a_resealed_forgery_longer_than_the_anchor_is_refused_before_any_write(
+        tmp_path: Path) -> None:
+    """The same forgery with a line more at the end (so the journal goes on past the anchor's
+    seq): the store refuses it (HistoryLost: the line at the anchor's seq is not the one
+    recorded) instead of adopting it, and doctor reports it, so no write moves the anchor past
+    the evidence. It used to be accepted and the first claim made verify pass."""
+    d = tmp_path / "r"
+    _history(d)
+    reg = Registry(d)
+    with pytest.raises(ClaimConflict):
+        reg.claim("t0", owner="zz")  # (recorded: the line the forger repeats at the end)
+    reg.close()
+    assert orjson.loads(journal_lines(d)[0][-1])["type"] == "claim_rejected"
+    _forge(d, extra=1)
+    with pytest.raises(HistoryLost, match="rewritten"):
+        Registry(d).claim("x", owner="b")
+    with pytest.raises(HistoryLost, match="rewritten"):
+        Registry(d).claims()
+    assert _cli(d, "audit", "verify").returncode == 5
+    assert _cli(d, "audit", "verify").returncode == 5  # (still: nothing was written)
+    assert "history_lost" in doctor.check(d).kinds()
+    fixed = doctor.check(d, fix=True)  # (records the break; fences go on above)
+    assert fixed.ok, fixed.to_dict()
+    assert Registry(d).claim("x", owner="b").fence == 6
 
 
 def test_the_key_seals_the_anchor_against_a_forger_who_rewrites_it(tmp_path: Path) -> None:

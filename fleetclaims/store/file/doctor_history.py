@@ -81,12 +81,27 @@ def check(path: Path, journal: JournalScan, snapshot: Snapshot | None,
         return can
     if journal.break_seq is not None:
         return False  # the break is reported (and salvaged) first; the floor follows below
-    reason = anchor.problem(journal.state, found, lock_fence(path))
+    reason = anchor.problem(journal.state, found, lock_fence(path)) or _rewritten(
+        path, journal, found)
     if reason is None:
         return False
     report.add(KIND, reason + "; --fix records the loss in the journal (journal_break) and "
                "continues fences above every fence recorded")
     return True
+
+
+def _rewritten(path: Path, journal: JournalScan, found: anchor.Anchor | None) -> str | None:
+    """history.rewritten of the journal doctor read."""
+    from .history import rewritten
+
+    try:
+        fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return rewritten(fd, journal.good_end, found, journal.state.seq)
+    finally:
+        os.close(fd)
 
 
 def quarantine_foreign(path: Path, report: DoctorReport) -> None:
@@ -106,7 +121,7 @@ def acknowledge(path: Path, lock: RegistryLock, journal: JournalScan) -> dict[st
     if found is not None and state.origin and found.origin != state.origin:
         return None  # not ours: only init --new-history goes on
     mark = lock.fence_mark()
-    reason = anchor.problem(state, found, mark)
+    reason = anchor.problem(state, found, mark) or _rewritten(path, journal, found)
     event: dict[str, Any] | None = None
     if reason is not None:
         event = {"type": ev.JOURNAL_BREAK, "actor": "doctor", "reason": reason,

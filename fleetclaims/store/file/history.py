@@ -13,12 +13,38 @@ import contextlib
 import os
 from typing import Any
 
+import orjson
+
 from ...core.errors import AuditCorrupt, HistoryLost, RegistryCorrupt, UnsafeRegistry
 from ...core.state import State
 from . import anchor, fsutil
 from .catchup import CatchUp
+from .journal import seq_of
 from .lock import READ_ONLY_ERRNOS
+from .reader import find_offset, iter_lines
 from .snapshot import read_snapshot
+
+
+def rewritten(fd: int, end: int, found: anchor.Anchor | None, seq: int) -> str | None:
+    """When the journal (open at ``fd``, read to ``end``, at ``seq``) went on past the anchor's
+    seq: why its line there is not the one recorded, or None. A journal re-sealed from end to
+    end and extended by a line would otherwise be adopted, and the next checkpoint would move
+    the anchor past the evidence. Looked up in the active journal (a few reads of a binary
+    search, once per load); a line already sealed into a segment is `audit verify`'s."""
+    if found is None or found.seq <= 0 or seq <= found.seq:
+        return None
+    first = seq_of(os.pread(fd, 64, 0))
+    if first is None or found.seq < first:
+        return None
+    line = next(iter_lines(fd, find_offset(fd, found.seq - 1, 0, end, first - 1), end), None)
+    if line is None or not line[2]:
+        return None
+    with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+        event = orjson.loads(line[1])
+        if event.get("seq") == found.seq and event.get("hash") != found.head:
+            return (f"the journal's line {found.seq} is not the one recorded (hash "
+                    f"{found.head[:16]}...): the history was rewritten")
+    return None
 
 
 class History(CatchUp):
@@ -136,7 +162,8 @@ class History(CatchUp):
         assert state is not None
         mark = self._lock.fence_mark()
         found = anchor.read(self.directory)
-        reason = anchor.problem(state, found, mark)
+        reason = anchor.problem(state, found, mark) or rewritten(
+            self._fd, self._offset, found, state.seq)
         if reason is None:
             return
         floor = max(mark, found.fence if found is not None else 0)

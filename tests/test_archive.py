@@ -19,7 +19,7 @@ from fc_support import run_python
 import fleetclaims
 from fleetclaims.cli.output import EXIT_DAMAGED, EXIT_OK
 from fleetclaims.core.errors import ArchiveMismatch, AuditCorrupt
-from fleetclaims.store.file import archive, preseal, segments
+from fleetclaims.store.file import archive, doctor, preseal, segments
 from fleetclaims.store.file.faults import CRASH_POINTS
 
 pytestmark = pytest.mark.unit
@@ -71,8 +71,17 @@ def test_archive_moves_old_segments_and_verify_goes_on_from_the_anchor(
     assert archive.verify_with(d, out)["archived_events"] == done["seq"]
     assert [e["seq"] for e in reg.store.iter_events(0)] == [e["seq"] for e in full
                                                            if e["seq"] > done["seq"]]
+    archived_task = next(e["task"] for e in full if e["seq"] <= done["seq"] and "task" in e
+                         and all(x.get("task") != e["task"] for x in full
+                                 if x["seq"] > done["seq"]))
+    why = reg.explain(archived_task)  # (named by archived events only)
+    assert why.state == "archived" and f"1..{done['seq']} were archived" in why.why, why
     reg.claim("after", owner="o", ttl=60)  # writes go on (and rotate again)
     reg.close()
+    # doctor reads an archived registry from the anchor and claims.json, as the store does
+    found = doctor.check(d)
+    assert found.ok and [f for f in found.findings if f.severity != "info"] == [], found
+    assert doctor.check(d, fix=True).ok
     # A replay from the first event needs the archive: named, nothing changed.
     (d / "claims.json").rename(tmp_path / "claims.json")
     with pytest.raises(AuditCorrupt, match="archived"):

@@ -91,6 +91,13 @@ def test_a_missing_or_damaged_index_is_not_needed(tmp_path: Path, small: None) -
     reg.close()
 
 
+def whole_journal_of(segment: Path) -> list[dict[str, Any]]:
+    """The events of one sealed segment file."""
+    import gzip
+
+    return [json.loads(line) for line in gzip.decompress(segment.read_bytes()).splitlines()]
+
+
 def _files(d: Path) -> dict[str, bytes]:
     return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()
             and p.name != "claims.lock"}
@@ -112,6 +119,11 @@ def test_a_segment_missing_from_the_middle_is_named(tmp_path: Path, small: None)
     assert "put the file back" in str(report.error)
     with pytest.raises(AuditCorrupt, match="missing"):
         list(reg.store.iter_events(0))
+    gone = next(e["task"] for e in whole_journal_of(moved) if "task" in e)
+    with pytest.raises(SegmentDamaged, match="missing"):  # (not a shorter history)
+        reg.explain(gone)
+    with pytest.raises(SegmentDamaged, match="missing"):
+        list(reg.store.task_events(gone))  # type: ignore[attr-defined]  # (audit --task)
     (d / "claims.json").unlink()
     del before["claims.json"]
     with pytest.raises(AuditCorrupt, match="missing"):

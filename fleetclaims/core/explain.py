@@ -123,8 +123,9 @@ def _paths(e: dict[str, Any]) -> str:
                       *(f"{p} (shared)" for p in e.get("shared_paths") or [])])
 
 
-def explain(task: str, events: list[dict[str, Any]]) -> Explanation:
-    """Who holds ``task`` and why, from the events (in seq order) that mention it."""
+def explain(task: str, events: list[dict[str, Any]], archived: int = 0) -> Explanation:
+    """Who holds ``task`` and why, from the events (in seq order) that mention it; ``archived``:
+    the events up to that seq were archived (`audit archive`), so are not among them."""
     steps: list[Step] = []
     holder: str | None = None
     fence: int | None = None
@@ -168,4 +169,10 @@ def explain(task: str, events: list[dict[str, Any]]) -> Explanation:
                     state = {"active": "held", "expired": "stale"}.get(
                         str(c.get("state")), str(c.get("state")))
                     why = f"merge from {e.get('source')} at {when} settled it (seq {e['seq']})"
+    if archived and not steps:
+        state = "archived"  # (not "never claimed": what it was is in the archive)
+        why = (f"no event after seq {archived} names this task: events 1..{archived} were "
+               "archived (`fleetclaims audit verify --with DIR` reads them)")
+    elif archived and events and events[0].get("seq", 0) > archived:
+        why += f" (events 1..{archived} were archived: earlier ones are not shown)"
     return Explanation(task, holder, fence, state, why, tuple(steps))

@@ -28,6 +28,7 @@ from .lock import RegistryLock
 from .reader import (
     CATCH_UP_CHUNK,
     JournalReader,
+    archived_through,
     events_after,
     snapshot_problem,
     task_lines,
@@ -326,6 +327,10 @@ class CatchUp:
                 return iter(())
             fd = os.dup(self._fd)
         return task_lines(fd, str(self.journal_path), task, end)
+
+    def archived_through(self) -> int:
+        """The seq up to which events were archived (`audit archive`; 0: none)."""
+        return archived_through(self.directory)
 
     def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
         with self._mutex:

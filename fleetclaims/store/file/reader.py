@@ -386,6 +386,27 @@ def events_after(fd: int, path: str, after: int, end: int) -> Iterator[dict[str,
         os.close(fd)
 
 
+def archived_through(directory: Path) -> int:
+    """The seq up to which events were archived (`audit archive`; 0: none)."""
+    try:
+        found = archive.read_anchor(directory)
+    except ArchiveMismatch:
+        return 0  # (named by every read that needs the archive)
+    return 0 if found is None else found.seq
+
+
+def _no_gap(sealed: list[segments.Segment], directory: Path) -> None:
+    """SegmentDamaged when sealed segments are missing (after the archive's anchor, if any):
+    a task's history read without them would look shorter than it is."""
+    start = archived_through(directory) + 1 if sealed and sealed[0].first > 1 else 1
+    missing = segments.gap(sealed, start)
+    if missing is not None:
+        raise SegmentDamaged(str(directory / segments.DIRNAME), seq=missing[0], offset=0, reason=(
+            f"sealed segment(s) with seq {missing[0]}..{missing[1]} missing from "
+            f"{directory / segments.DIRNAME}: put the file back (from a backup or the archive "
+            "directory) and run `fleetclaims audit verify`"))
+
+
 def task_lines(fd: int, path: str, task: str, end: int) -> Iterator[dict[str, Any]]:
     """The events whose ``task`` is ``task``, and merges, among the lines before ``end``: large
     chunks of whole lines are searched for the bytes (no per-line Python work: ~0.3 s a 400 MB
@@ -395,6 +416,7 @@ def task_lines(fd: int, path: str, task: str, end: int) -> Iterator[dict[str, An
     size = CHUNK * 8
     try:
         sealed = segments.sealed(Path(path).parent)
+        _no_gap(sealed, Path(path).parent)
         for seg in sealed:  # through each one's index of the task's blocks
             try:
                 for _, line in segments.task_lines(seg, task):

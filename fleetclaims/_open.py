@@ -5,6 +5,7 @@ and the MCP server, which must never show a traceback)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -143,10 +144,12 @@ def _check_new_home(location: str) -> None:
 
 
 def require_registry(location: str) -> None:
-    """Refuse (RegistryNotFound) a directory that does not hold a file registry."""
+    """Refuse (RegistryNotFound) a directory that does not hold a file registry; HistoryLost
+    when the anchor says one lived there (its folder removed or emptied), as a write says."""
     try:
         names = set(os.listdir(location))
     except FileNotFoundError:
+        _vanished(location)
         raise RegistryNotFound(location, "the directory does not exist") from None
     except NotADirectoryError:
         raise RegistryNotFound(location, "it is a file, not a directory") from None
@@ -155,8 +158,18 @@ def require_registry(location: str) -> None:
     except OSError as exc:  # a name too long, a loop of symlinks, an I/O error ...
         raise RegistryNotFound(location, f"it cannot be read ({exc.strerror or exc})") from None
     if not names & set(REGISTRY_MARKERS):
+        _vanished(location)
         raise RegistryNotFound(location, "the directory holds no registry files ("
                                + ", ".join(REGISTRY_MARKERS) + ")")
+
+
+def _vanished(location: str) -> None:
+    from pathlib import Path
+
+    from .store.file import anchor
+
+    with contextlib.suppress(OSError):
+        anchor.check_vanished(Path(location).absolute())
 
 
 

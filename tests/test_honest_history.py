@@ -113,6 +113,10 @@ def test_wiped_folder_outside_a_repository_is_refused(tmp_path: Path) -> None:
     d = tmp_path / "r"
     top = _history(d)
     shutil.rmtree(d)
+    for read in (("audit", "verify"), ("doctor",), ("claims",)):  # (not "no registry", exit 2)
+        assert _cli(d, *read).returncode == 5, read
+        assert _cli(d, "--dir", str(d), *read).returncode == 5, read
+    assert not d.exists()  # (reading created nothing)
     with pytest.raises(HistoryLost, match="removed or emptied"):
         Registry(d).claim("x", owner="b")
     assert _cli(d, "claims").returncode == 5

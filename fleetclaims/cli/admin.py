@@ -89,8 +89,14 @@ def cmd_doctor(args: argparse.Namespace, out: Out) -> int:
         raise ValidationError("--dir", "doctor checks file registries; use `audit verify` for "
                                        "PostgreSQL")
     if args.dir is not None and not os.path.lexists(location):
-        # A mistyped --dir is an error, not a healthy registry that is not there.
-        raise RegistryNotFound(location, "the directory does not exist")
+        from pathlib import Path
+
+        from ..store.file import anchor
+
+        # A mistyped --dir is an error, not a healthy registry that is not there; a folder the
+        # anchor says held one was removed: reported (history_lost, exit 5).
+        if anchor.read(Path(location).absolute()) is None:
+            raise RegistryNotFound(location, "the directory does not exist")
     report = main_report(location, fix=args.fix)
     if out.json:
         out.doc(report.to_dict())

@@ -211,6 +211,18 @@ def test_deep_and_huge_arguments_are_answered(client: RawClient) -> None:
     client.alive()
 
 
+@pytest.mark.slow
+def test_a_request_with_an_id_the_sdk_does_not_take_is_answered(client: RawClient) -> None:
+    """A request whose id is a float, true or an object is answered (Invalid Request; a
+    number's id echoed), not taken for a notification and left unanswered forever."""
+    for raw, echoed in (("2.0", 2.0), ("1.5", 1.5), ("true", None), ("{}", None)):
+        client.send(('{"jsonrpc":"2.0","id":' + raw + ',"method":"ping"}').encode())
+        answer = client.receive()
+        assert answer["id"] == echoed and answer["error"]["code"] == -32600, (raw, answer)
+        assert "integer" in answer["error"]["message"]
+    client.alive()
+
+
 def test_screen_and_surrogate_paths() -> None:
     """The screen lets a valid message through untouched and names where a surrogate is."""
     ok = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'

@@ -121,6 +121,12 @@ def screen(raw: bytes, refuse_tool: ToolRefusal) -> dict[str, Any] | None:
                          "(batches are not supported)")
     ident = message.get("id")
     if isinstance(ident, bool) or not isinstance(ident, (str, int)):
+        if "method" in message and ident is not None:
+            # A request with an id the SDK does not take (1.5, 2.0, true, {}) would be read as
+            # a notification and never answered: refused, its id echoed when it is a number.
+            echo = ident if isinstance(ident, float) and not isinstance(ident, bool) else None
+            return rpc_error(echo, INVALID_REQUEST, "Invalid Request: the id must be a string "
+                             "or an integer; send the request again with one")
         ident = None
     where = surrogate_at(message)
     if where is not None:

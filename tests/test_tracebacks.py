@@ -495,3 +495,55 @@ def test_missing_psycopg_names_the_extra(tmp_path: Path, monkeypatch: pytest.Mon
     assert "pip install 'fleetclaims[postgres]'" in str(info.value)
     assert main(["claims", "--dir", "postgresql://localhost/x", "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["error"] == "missing_dependency"
+
+
+def _shell(d: Path, line: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``line`` run by sh with FC naming this interpreter's fleetclaims (redirections are the
+    point: a closed or full stdout, a closed stderr)."""
+    fc = f"{sys.executable} -m fleetclaims --dir {d}"
+    return subprocess.run(["sh", "-c", line.replace("FC", fc)], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=60, check=False)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_that_cannot_be_written(tmp_path: Path) -> None:
+    """A closed stdout or stderr, a full one, an ASCII-only one: the exit status still says how
+    the command went, nothing shows a traceback, a --json refusal is one ASCII document, and
+    a claim whose output could not be written says it was recorded (it was)."""
+    d = tmp_path / "r"
+    note = "h\u00e9llo \u2713 \U0001f600"
+    assert _shell(d, f"FC claim held --owner a --note '{note}'").returncode == 0
+    cases = [  # (command line, exit status, what stderr must say)
+        ("FC claims >&-", 0, ""),
+        ("FC get held --json >&-", 0, ""),
+        ("FC claim held --owner b 2>&-", 3, ""),
+        ("FC claims --json >/dev/full", 1, "could not write to standard output"),
+        ("FC claim fresh --owner a >/dev/full", 1, "what it changed is recorded"),
+    ]
+    for line, status, said in cases:
+        done = _shell(d, line)
+        assert done.returncode == status and said in done.stderr, (line, done)
+        assert "Traceback" not in done.stderr + done.stdout, (line, done.stderr)
+    got = fleetclaims.Registry(d).get("fresh")
+    assert got is not None and got.owner == "a"  # (recorded, as the message says)
+    conflict = _shell(d, "FC claim held --owner b --json 2>&-")
+    assert conflict.returncode == 3 and len(conflict.stdout.splitlines()) == 1
+    assert json.loads(conflict.stdout)["error"] == "conflict"
+    ascii_only = {"PYTHONIOENCODING": "ascii"}
+    listed = _shell(d, "FC claims", **ascii_only)
+    assert listed.returncode == 0 and "held" in listed.stdout, listed
+    refused = _shell(d, "FC claim t\u00e2che --owner a --json", **ascii_only)
+    assert refused.returncode == 2 and json.loads(refused.stdout)["error"] == "invalid", refused
+    shown = _shell(d, "FC get held --json", **ascii_only)
+    assert json.loads(shown.stdout)["note"] == note  # (JSON is written as UTF-8)
+
+
+def test_a_current_directory_that_was_removed_is_named(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    done = subprocess.run(["sh", "-c", f"cd {gone} && rmdir {gone} && {sys.executable} -m "
+                           "fleetclaims claims"], capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items()
+                               if k not in ("FLEETCLAIMS_DIR", "FLEETCLAIMS_URL")},
+                          timeout=60, check=False)
+    assert done.returncode == 1 and "current directory no longer exists" in done.stderr, done

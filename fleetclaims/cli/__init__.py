@@ -149,20 +149,88 @@ def main(argv: Sequence[str] | None = None) -> int:
     exception that is not a FleetclaimsError is a bug, reported in one line (exit 70)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     json_mode = "--json" in args_list
+    _guard_streams()
     try:
-        return _main(args_list)
+        code = _main(args_list)
     except FleetclaimsError as exc:  # refused before a command ran (an argument not UTF-8)
         return report_error(json_mode, exc)
     except KeyboardInterrupt:
         sys.stderr.write("fleetclaims: interrupted\n")
         return 130
     except BrokenPipeError:
+        _discard_output()
         return EXIT_OK
+    except OSError as exc:
+        if _output_failed() or (exc.filename is None and exc.errno in _OUTPUT_ERRNOS):
+            return _output_error(exc)
+        typed = typed_error(exc)
+        return internal_error(json_mode, exc) if typed is None else report_error(json_mode, typed)
     except Exception as exc:  # the last line of defence: see internal_error
         typed = typed_error(exc)
         if typed is not None:
             return report_error(json_mode, typed)
         return internal_error(json_mode, exc)
+    try:
+        sys.stdout.flush()  # (a full disk or a dead terminal shows here, not at exit)
+    except BrokenPipeError:
+        _discard_output()
+    except (OSError, ValueError) as exc:
+        return _output_error(exc if isinstance(exc, OSError) else OSError(str(exc)))
+    return code
+
+
+def _guard_streams() -> None:
+    """A closed stdin, stdout or stderr (`>&-`) reads as /dev/null: the command runs and its
+    exit status still says how it went. Text no encoding of the stream can hold (e.g.
+    PYTHONIOENCODING=ascii) is escaped rather than failing; JSON is always written as UTF-8."""
+    import os
+
+    for name in ("stdin", "stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None:
+            setattr(sys, name, open(os.devnull, "r" if name == "stdin" else "w",  # noqa: SIM115
+                                    encoding="utf-8"))
+        elif name != "stdin" and str(getattr(stream, "encoding", "utf-8")).lower().replace(
+                "-", "").replace("_", "") != "utf8":
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                stream.reconfigure(errors="backslashreplace")
+
+
+# A raw OSError of a stream write (no file name: the registry's own I/O errors reach here
+# typed) that means the output cannot be written.
+_OUTPUT_ERRNOS = frozenset({5, 9, 27, 28, 122})  # EIO, EBADF, EFBIG, ENOSPC, EDQUOT
+
+
+def _output_failed() -> bool:
+    """Whether standard output cannot take what was written to it (a full disk, an I/O error,
+    a closed descriptor)."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        return True
+    return False
+
+
+def _discard_output() -> None:
+    """What is left unwritten goes nowhere (else the flush at exit fails again, noisily)."""
+    import os
+
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
+
+
+def _output_error(exc: OSError) -> int:
+    _discard_output()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(
+            f"fleetclaims: could not write to standard output ({exc.strerror or exc}): the "
+            "command itself ran, and what it changed is recorded (`fleetclaims get TASK` shows "
+            "a task's holder; a token that could not be shown is lost: wait for the lease to "
+            "end or have it released with `fleetclaims release TASK --force --reason R`). "
+            "Send the output somewhere that can take it.\n")
+    return EXIT_ERROR
 
 
 def _main(argv: list[str]) -> int:
@@ -212,9 +280,26 @@ def typed_error(exc: BaseException) -> FleetclaimsError | None:
     from .._open import typed_store_error
 
     found = typed_store_error(exc)
+    if found is None and isinstance(exc, FileNotFoundError) and _cwd_gone():
+        found = FleetclaimsError("the current directory no longer exists (it was removed "
+                                 "after this shell entered it), so no registry path can be "
+                                 "found from it.", hint="cd to a directory that exists, or "
+                                 "pass an absolute --dir, then retry.")
     if found is None and isinstance(exc, OSError):
         found = FleetclaimsError(f"{exc}.", hint="Check the path and permissions, then retry.")
     return found
+
+
+def _cwd_gone() -> bool:
+    import os
+
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def internal_error(json_mode: bool, exc: BaseException) -> int:
@@ -230,10 +315,12 @@ def internal_error(json_mode: bool, exc: BaseException) -> int:
     if json_mode:
         import json
 
-        sys.stdout.write(json.dumps({"error": "internal", "message": message,
-                                     "exception": type(exc).__name__, "version": VERSION,
-                                     "report_to": REPORT_TO}, ensure_ascii=True) + "\n")
-    sys.stderr.write(f"fleetclaims: {message}\n".encode("ascii", "backslashreplace").decode())
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.write(json.dumps({"error": "internal", "message": message,
+                                         "exception": type(exc).__name__, "version": VERSION,
+                                         "report_to": REPORT_TO}, ensure_ascii=True) + "\n")
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"fleetclaims: {message}\n".encode("ascii", "backslashreplace").decode())
     return EXIT_INTERNAL
 
 

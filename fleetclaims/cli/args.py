@@ -72,7 +72,7 @@ class Parser(argparse.ArgumentParser):
             import json
 
             sys.stdout.write(json.dumps({"error": "usage", "message": message, "hint": hint},
-                                        ensure_ascii=False) + "\n")
+                                        ensure_ascii=True) + "\n")
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"fleetclaims: {message}\n{hint}\n")
 

@@ -7,6 +7,7 @@ lives here and every command, the guard and ``run`` take their status from it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
@@ -87,8 +88,11 @@ def report_error(json_mode: bool, exc: FleetclaimsError) -> int:
     if json_mode:
         import json
 
-        sys.stdout.write(json.dumps(exc.to_dict(), ensure_ascii=False) + "\n")
-    sys.stderr.write(f"fleetclaims: {exc}\n")
+        with contextlib.suppress(OSError, ValueError):  # (stdout may be what failed)
+            sys.stdout.write(json.dumps(exc.to_dict(), ensure_ascii=True) + "\n")
+            sys.stdout.flush()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"fleetclaims: {exc}\n")
     return exit_code_of(exc)
 
 

@@ -526,3 +526,28 @@ def test_unreadable_registry_file_is_access_denied(tmp_path: Path,
     code, out, err = run_cli(["audit", "verify", "--dir", str(d), "--json"], capsys)
     assert json.loads(out)["error"] == "access_denied" and "Traceback" not in err
     assert code == 1
+
+
+def test_audit_names_the_holder_of_a_compact_renewal(tmp_path: Path) -> None:
+    """`audit` (the table for people) names a compact renewal's holder from its grant above it,
+    and a page that starts after the grant says "the holder", never "None renewed the lease
+    (fence None ...)"."""
+    import subprocess
+    import sys
+
+    d = tmp_path / "r"
+    reg = Registry(d)
+    c = reg.claim("t", owner="alice", ttl=600)
+    reg.renew("t", token=c.token or "")
+    reg.renew("t", token=c.token or "")
+    reg.close()
+
+    def audit(*extra: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "fleetclaims", "--dir", str(d), "audit",
+                               *extra], capture_output=True, text=True, timeout=60, check=True)
+        return done.stdout
+
+    whole = audit()
+    assert whole.count("alice renewed the lease (fence 1") == 2, whole
+    later = audit("--after", "2")
+    assert "None" not in later and later.count("the holder renewed the lease") == 2, later

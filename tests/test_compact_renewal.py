@@ -104,3 +104,4 @@ def test_explain_and_narration_name_the_holder(tmp_path: Path) -> None:
     assert (filled["owner"], filled["fence"]) == ("alice", lease.fence)
     assert filled["expires_at"] == round(filled["ts"] + 30.0, 6)
     reg.close()
+

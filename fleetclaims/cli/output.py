@@ -242,10 +242,12 @@ def print_events(out: Out, events: Sequence[dict[str, Any]], header: bool = True
         for e in events:
             out.doc(e)
         return
+    from ..core.events import fill_renewal
     from ..core.explain import describe
 
+    holders: dict[str, tuple[Any, Any]] = {}  # (a compact renewal named by its grant above)
     rows = [[str(e["seq"]), iso(e.get("ts")), str(e.get("type")), str(e.get("task") or "-"),
-             describe(e)] for e in events]
+             describe(fill_renewal(e, holders))] for e in events]
     if header:
         out.table(["SEQ", "TIME", "TYPE", "TASK", "WHAT"], rows)
     else:

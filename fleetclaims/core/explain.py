@@ -63,6 +63,8 @@ def describe(e: dict[str, Any]) -> str:
     elif kind == ev.CLAIM_REJECTED:
         text = (f"{owner} was refused: held by {e.get('holder')} (fence {fence}); "
                 f"{e.get('reason')}")
+    elif kind == ev.LEASE_RENEWED and owner is None:  # (compact, its grant not at hand)
+        text = f"the holder renewed the lease ({_ttl(e)})"
     elif kind == ev.LEASE_RENEWED:
         text = f"{owner} renewed the lease (fence {fence}, {_ttl(e)})"
     elif kind == ev.CLAIM_RELEASED:

@@ -310,6 +310,22 @@ def test_foreign_journal_with_our_snapshot_is_refused_and_ours_restored(
     assert reg.claim("x", owner="b").fence == top + 1
 
 
+def test_another_registrys_snapshot_over_our_journal_is_quarantined(tmp_path: Path) -> None:
+    """claims.json copied from another registry over ours, our journal intact (the anchor says
+    it is ours): the snapshot is the stranger, quarantined and rebuilt as a damaged one; not a
+    refusal that calls our journal foreign and advises init --new-history (which would have
+    set the good journal aside)."""
+    ours, theirs = tmp_path / "a", tmp_path / "b"
+    _history(ours, 2)
+    _history(theirs, 3)
+    (ours / "claims.json").write_bytes((theirs / "claims.json").read_bytes())
+    reg = Registry(ours)
+    assert reg.claim("x", owner="c").fence == 3
+    assert sorted(c.task for c in reg.claims()) == ["t0", "t1", "x"]
+    assert reg.verify().ok
+    assert (theirs / "claims.json").read_bytes() in quarantined(ours).values()
+
+
 def test_foreign_journal_without_snapshot_is_refused(tmp_path: Path) -> None:
     """A foreign journal and no snapshot of ours: refused; doctor cannot restore (says so);
     init --new-history starts above both histories' fences."""

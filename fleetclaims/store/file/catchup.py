@@ -34,7 +34,7 @@ from .reader import (
     task_lines,
     verify_fd,
 )
-from .snapshot import read_snapshot
+from .snapshot import Snapshot, read_snapshot
 
 JOURNAL = "audit.jsonl"
 SNAPSHOT = "claims.json"
@@ -73,6 +73,11 @@ class CatchUp:
 
     def _reopen(self) -> None:
         raise NotImplementedError
+
+    def _stranger(self, snapshot: Snapshot) -> bool:
+        """Whether ``snapshot`` is known to be another registry's (then it does not fit,
+        rather than being ahead of a journal cut short). See History."""
+        return False
 
     def _sweep_temp_files(self) -> None:
         raise NotImplementedError
@@ -221,7 +226,8 @@ class CatchUp:
             return
         # A bad snapshot: rebuild from the journal (readers in memory, writers on disk too).
         self._consume(writer=False)
-        if snapshot is not None and snapshot.state.seq > self._state.seq:
+        if (snapshot is not None and snapshot.state.seq > self._state.seq
+                and not self._stranger(snapshot)):
             raise RegistryCorrupt(
                 str(self.journal_path),
                 f"the snapshot is at seq {snapshot.state.seq} but the journal ends at seq "

@@ -22,7 +22,7 @@ from .catchup import CatchUp
 from .journal import seq_of
 from .lock import READ_ONLY_ERRNOS
 from .reader import find_offset, iter_lines
-from .snapshot import read_snapshot
+from .snapshot import Snapshot, read_snapshot
 
 
 def rewritten(fd: int, end: int, found: anchor.Anchor | None, seq: int) -> str | None:
@@ -195,13 +195,24 @@ class History(CatchUp):
         self._check_origin()
         self._check_history()
 
+    def _stranger(self, snapshot: Snapshot) -> bool:
+        state = self._state
+        if state is None or not state.origin or snapshot.state.origin in ("", state.origin):
+            return False
+        found = anchor.read(self.directory)
+        return found is not None and found.origin == state.origin
+
     def _check_origin(self) -> None:
-        """HistoryLost when the snapshot is of another origin than the journal."""
+        """HistoryLost when the snapshot is of another origin than the journal, unless the
+        anchor says the journal is this registry's (then the snapshot is the stranger: it is
+        quarantined and rebuilt as any snapshot that does not fit)."""
         state = self._state
         assert state is not None
         snapshot, _ = read_snapshot(self.snapshot_path)
         if snapshot is not None and snapshot.state.origin and state.origin and (
                 snapshot.state.origin != state.origin):
+            if self._stranger(snapshot):
+                return
             raise HistoryLost(
                 str(self.directory),
                 f"the journal belongs to registry {state.origin}, but the snapshot (at seq "

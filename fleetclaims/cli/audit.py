@@ -408,8 +408,12 @@ def _print_verify(out: Out, report: VerifyReport, elapsed: float) -> None:
     else:
         out.line(out.paint("DAMAGED", "31;1") + f": first break at seq {report.seq}, byte "
                  f"offset {report.offset}: {report.error}")
-        out.line("run `fleetclaims doctor --fix` to repair: it keeps every line that still "
-                 "verifies and names what the damaged bytes held (kept in quarantine/)")
+        if "segment" in (report.error or ""):  # (doctor --fix never rewrites sealed history)
+            out.line("a sealed segment is missing or damaged: put it back from a backup or the "
+                     "archive directory, then run `fleetclaims audit verify` again")
+        else:
+            out.line("run `fleetclaims doctor --fix` to repair: it keeps every line that still "
+                     "verifies and names what the damaged bytes held (kept in quarantine/)")
 
 
 COMMANDS: dict[str, Handler] = {"events": cmd_events, "explain": cmd_explain, "audit": cmd_audit,

@@ -411,3 +411,20 @@ def test_a_rotation_sealed_but_not_switched_verifies_before_and_after_an_archive
     top = max(json.loads(line)["fence"] for line in proc.stdout.splitlines()
               if line.startswith("{"))
     assert fleetclaims.Registry(d).claim("after", owner="b").fence == top + 1
+
+
+def test_markers_of_sealing_helpers_long_gone_are_swept(tmp_path: Path) -> None:
+    """A sealing helper's marker left behind (its helper found the lines changed, or its
+    journal was rotated away) is removed by the next sweep once older than STALE; a fresh
+    one (a helper at work) stays."""
+    import time
+
+    folder = tmp_path / "segments"
+    folder.mkdir()
+    old, fresh = folder / ".presealing-11", folder / ".presealing-12"
+    old.touch()
+    fresh.touch()
+    past = time.time() - preseal.STALE - 5
+    os.utime(old, (past, past))
+    preseal._sweep(folder)
+    assert not old.exists() and fresh.exists()

@@ -92,10 +92,12 @@ def _start(directory: Path, marker: Path, argv: list[str]) -> None:
 
 
 def _sweep(folder: Path) -> None:
-    """Remove temp files that helpers (or rotations) killed long ago left behind."""
+    """Remove temp files that helpers (or rotations) killed long ago left behind, and markers
+    of helpers long gone (a helper that found its lines changed leaves its marker to age out;
+    one of a journal since rotated away is never asked about again)."""
     now = time.time()
     for entry in os.listdir(folder):
-        if entry.startswith(".") and entry.endswith(".tmp"):
+        if entry.startswith(".") and (entry.endswith(".tmp") or entry.startswith(".presealing-")):
             with contextlib.suppress(OSError):
                 path = folder / entry
                 if now - path.stat().st_mtime > STALE:

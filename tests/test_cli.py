@@ -551,3 +551,5 @@ def test_audit_names_the_holder_of_a_compact_renewal(tmp_path: Path) -> None:
     assert whole.count("alice renewed the lease (fence 1") == 2, whole
     later = audit("--after", "2")
     assert "None" not in later and later.count("the holder renewed the lease") == 2, later
+
+

@@ -217,10 +217,24 @@ def _audit_list(args: argparse.Namespace, out: Out, reg: Registry,
                 print_events(out, [e.data for e in page.events], header=False)
                 out.stream.flush()
             if page.next_cursor == cursor:
+                if _reader_gone():  # (`| head -1`: else noticed only at the next event)
+                    return EXIT_OK
                 time.sleep(0.2)
             cursor = page.next_cursor
     except KeyboardInterrupt:
         return EXIT_OK
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end was closed (poll reports an error on it)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)  # (POLLERR and POLLHUP are always reported)
+        return any(flags & (select.POLLERR | select.POLLHUP) for _, flags in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # (no poll, or no descriptor: keep going)
+        return False
 
 
 def _all_events(reg: Registry, after: int, filters: dict[str, Any]) -> list[dict[str, Any]]:

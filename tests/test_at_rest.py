@@ -203,3 +203,36 @@ def test_task_events_refuse_a_tampered_line(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes().replace(b'"owner":"a"', b'"owner":"z"'))
     with pytest.raises(AuditCorrupt):
         list(Registry(d).store.task_events("t1"))  # type: ignore[attr-defined]
+
+
+def test_a_checkpoint_that_keeps_failing_is_told_once(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A snapshot that cannot be written (a full disk) is logged once, not at every operation
+    that retries it; a different failure is told again."""
+    import errno
+    import logging
+
+    from fleetclaims.store.file import store as file_store_module
+
+    reg = Registry(tmp_path / "r")
+    reg.claim("t", owner="a")
+
+    def full(*args: object, **kwargs: object) -> bool:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(file_store_module, "write_snapshot", full)
+    store = reg.store
+    with caplog.at_level(logging.WARNING, logger="fleetclaims"):
+        for _ in range(3):
+            store.checkpoint()  # type: ignore[attr-defined]
+        assert len([r for r in caplog.records if "skipped" in r.getMessage()]) == 1
+
+        def other(*args: object, **kwargs: object) -> bool:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(file_store_module, "write_snapshot", other)
+        store.checkpoint()  # type: ignore[attr-defined]
+        assert len([r for r in caplog.records if "skipped" in r.getMessage()]) == 2
+    monkeypatch.undo()
+    reg.close()

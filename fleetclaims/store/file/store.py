@@ -535,8 +535,9 @@ class FileStore(History):
                                      unless_seq=self._state.seq if unlocked else None,
                                      unless=forked.moved_since(self))
         except (OSError, FleetclaimsError) as exc:
+            again = str(self.last_checkpoint_error) == str(exc)  # (told once, not every op)
             self.last_checkpoint_error = exc if isinstance(exc, OSError) else OSError(str(exc))
-            if not quiet:
+            if not quiet and not again:
                 import logging  # imported on this rare path only (~4 ms of a cold command)
 
                 logging.getLogger("fleetclaims").warning(

@@ -67,9 +67,22 @@ class Lease:
             return self.claim
 
     def check(self) -> None:
-        """Raise the reason the lease was lost, if it was."""
+        """Raise the reason the lease was lost, if it was. A lease whose deadline passed by this
+        process's own clock (it was paused, e.g. SIGSTOP or a laptop asleep, past its TTL) is
+        asked about at once rather than at the next heartbeat: renewing it then tells whether
+        it is still held (LeaseExpired, and ``lost`` set, when it ran out or was taken)."""
+        if self.lost_reason is None and not self._done and self._overdue():
+            self._beat()
         if self.lost_reason is not None:
             raise self.lost_reason
+
+    def _overdue(self) -> bool:
+        claim = self.claim
+        now = self.registry._now()
+        if (claim.boot_deadline is not None and now.boot is not None
+                and claim.deadline_boot == now.boot_id):
+            return now.boot >= claim.boot_deadline  # (the boot clock: immune to wall steps)
+        return claim.expires_at is not None and now.wall >= claim.expires_at
 
     def complete(self, result: Any = None) -> Claim:
         with self._mutex:

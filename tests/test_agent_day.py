@@ -187,6 +187,30 @@ def test_run_ctrl_c_stops_the_group(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_run_ctrl_z_stops_the_group_and_a_lost_claim_is_not_resumed(tmp_path: Path) -> None:
+    """Ctrl-Z (SIGTSTP to run) stops the command's group with it, so nothing is written while
+    the claim is not renewed; resumed after another owner took the task over, the group does
+    not go on working: it is stopped and run exits 4. (The command used to keep running in
+    its own session while run was stopped.)"""
+    d = tmp_path / "r"
+    cmd, out = _grandchild_cmd(tmp_path)
+    proc = start(d, "run", "t", "--owner", "a", "--ttl", "2s", "--", *cmd)
+    _wait_for(out)
+    proc.send_signal(signal.SIGTSTP)
+    time.sleep(0.5)
+    paused = out.stat().st_size
+    time.sleep(3)  # (past the 2 s lease)
+    assert out.stat().st_size == paused, "the command worked on while run was stopped"
+    taken = Registry(d).recover("t", owner="b", reason="stale")
+    assert taken.owner == "b"
+    proc.send_signal(signal.SIGCONT)
+    assert proc.wait(30) == 4
+    _gone_and_quiet(out)
+    assert out.stat().st_size - paused < 200  # (at most what was in flight as it stopped)
+    proc.communicate()
+
+
+@pytest.mark.slow
 def test_run_timeout_kills_a_grandchild_that_ignores_sigterm(tmp_path: Path) -> None:
     """--timeout stops the group; a grandchild that ignores SIGTERM gets SIGKILL after --grace;
     run exits 124 and releases the claim."""

@@ -211,6 +211,21 @@ def test_hold_sets_lost_when_preempted() -> None:
     assert r.get("t").owner == "boss"  # type: ignore[union-attr]
 
 
+def test_hold_check_after_a_pause_past_the_ttl() -> None:
+    """A process paused past its lease (SIGSTOP, a laptop asleep) while another owner took the
+    task over: lease.check() right after it resumes raises LeaseExpired and sets lost, before
+    the next heartbeat; it used to pass with the stale fence."""
+    clock = FakeClock()
+    r = memory_registry(clock)
+    with r.hold("t", owner="a", ttl=60) as lease:
+        clock.advance(120)  # (paused: no heartbeat ran)
+        r.recover("t", owner="thief", reason="stale")
+        with pytest.raises(LeaseExpired):
+            lease.check()
+        assert lease.lost.is_set()
+    assert r.get("t").owner == "thief"  # type: ignore[union-attr]
+
+
 def test_hold_complete() -> None:
     """lease.complete() completes the task instead of releasing it."""
     r = memory_registry(FakeClock())

@@ -166,7 +166,23 @@ def _run_claimed(reg: Registry, lease: Lease, cmd: list[str], opts: RunOptions) 
         else:
             group.signal(signal.SIGTERM)
 
+    def suspend(signum: int, frame: FrameType | None) -> None:
+        # Ctrl-Z stops the terminal's foreground group, which is us, not the command's own
+        # session: stop its group first, then ourselves. On SIGCONT the group goes on only if
+        # the claim is still ours (a pause past the TTL may have let another owner take it).
+        group.signal(signal.SIGSTOP)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # (stopped here until SIGCONT)
+        signal.signal(signal.SIGTSTP, suspend)
+        with contextlib.suppress(FleetclaimsError):
+            lease.check()
+        if lease.lost.is_set():
+            group.terminate()  # (delivered as it continues: it does no more work as before)
+        group.signal(signal.SIGCONT)
+
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    if hasattr(signal, "SIGTSTP"):
+        previous[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, suspend)
     deadline = None if opts.timeout is None else time.monotonic() + opts.timeout
     timed_out = False
     try:

@@ -142,6 +142,10 @@ def test_recover_handoff_explain_sweep_and_bad_input(tmp_path: Path) -> None:
             got = await call(a, "recover", task="t-old", reason="ghost is gone")
             assert got["owner"] == "agent-a" and got["fence"] == 2
 
+            err = await error(a, "handoff", task="t-old", to_owner="agent-a")  # (to itself)
+            assert err["error"] == "invalid" and "to_owner" in err["message"], err
+            assert (await call(a, "renew", task="t-old"))["fence"] == 2  # (still its own)
+
             moved = await call(a, "handoff", task="t-old", to_owner="agent-b")
             assert moved["owner"] == "agent-b" and moved["fence"] == 3
             token = moved["token_for_receiver"]

@@ -32,7 +32,13 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from .._version import __version__
-from ..core.errors import ClaimConflict, FleetclaimsError, NotHolder, PathConflict
+from ..core.errors import (
+    ClaimConflict,
+    FleetclaimsError,
+    NotHolder,
+    PathConflict,
+    ValidationError,
+)
 from . import brief
 from .mcp_keep import KEEPALIVE_MAX, Keeper, TokenFile, resume
 from .mcp_paths import TOOLS as PATH_TOOLS
@@ -333,6 +339,10 @@ class ClaimsServer(PlanningTools, PathTools):
                 note: Annotated[str | None, Field(description="What they need to know.")] = None,
                 ttl: Ttl = None, token: Token = None) -> CallToolResult:
         def op() -> dict[str, Any]:
+            if to_owner == self.owner:  # (its new token would be dropped: the claim orphaned)
+                raise ValidationError("to_owner", f"is this server's own owner ({self.owner}): "
+                                      "the claim is yours already; hand it to another owner, "
+                                      "or renew it", value=to_owner)
             tok = self.token_for(task, token)
             c = self.forget_if_lost(task, lambda: self.registry.handoff(
                 task, token=tok, to_owner=to_owner, note=note, ttl=ttl))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .core import reservations, reserve, rules, validate
 from .core.errors import ValidationError
 from .core.model import Claim, Now
-from .core.paths import normalise_all
+from .core.paths import MAX_PATTERNS, normalise_all
 from .core.reserve import Reservation
 from .core.rules import Decision, Grant
 from .core.state import State
@@ -25,8 +25,13 @@ if TYPE_CHECKING:
 
 def patterns(paths: Iterable[str] | None, shared: Iterable[str] | None
              ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Normalised exclusive and shared patterns (``ValidationError`` on any bad one)."""
-    return normalise_all(paths, "paths"), normalise_all(shared, "shared_paths")
+    """Normalised exclusive and shared patterns (``ValidationError`` on any bad one, or on
+    more than ``MAX_PATTERNS`` of both together)."""
+    excl, sh = normalise_all(paths, "paths"), normalise_all(shared, "shared_paths")
+    if len(excl) + len(sh) > MAX_PATTERNS:
+        raise ValidationError("paths", f"a claim reserves at most {MAX_PATTERNS} patterns, "
+                              "exclusive and shared together", value=len(excl) + len(sh))
+    return excl, sh
 
 
 def with_paths(grant: Grant, paths: Iterable[str] | None, shared: Iterable[str] | None,
@@ -34,11 +39,20 @@ def with_paths(grant: Grant, paths: Iterable[str] | None, shared: Iterable[str] 
     """``grant`` asking to reserve ``paths`` (exclusive) and ``shared``."""
     if paths is None and shared is None:
         return grant  # the common case: no reservations, nothing to check or copy
+    if remote:
+        not_remote(paths, shared)
     excl, sh = patterns(paths, shared)
-    if (excl or sh) and remote:
+    return replace(grant, paths=Reservation.of(excl, sh))
+
+
+def not_remote(paths: Iterable[str] | None, shared: Iterable[str] | None) -> None:
+    """Refuse reservations asked of a claim taken on a git remote's lease."""
+    if paths is None and shared is None:
+        return
+    excl, sh = patterns(paths, shared)
+    if excl or sh:
         raise ValidationError("paths", "reservations are kept by the registry, not by a git "
                               "remote's lease: claim without remote=, or reserve after")
-    return replace(grant, paths=Reservation.of(excl, sh))
 
 
 def recover_checked(state: State, decision: Decision, now: Now) -> Decision:

@@ -211,6 +211,7 @@ class Registry(QueueMethods):
         preempt = validate.flag("preempt", preempt)
         wait = _wait.check_wait(wait)
         if (leases := self._leases(remote)) is not None:
+            _paths.not_remote(paths, shared_paths)  # (refused, never dropped silently)
             return leases.claim(task, take_stale, preempt, dict(owner=owner, token=token, ttl=ttl,
                                 priority=priority, note=note, metadata=metadata, process=process))
         raw, grant = self._grant(owner, token, ttl, priority=priority, note=note,
@@ -324,7 +325,7 @@ class Registry(QueueMethods):
                 task, token=token, phase=phase, ttl=ttl, max_park=max_park, remote=""))
         task, th, ph = validate.task(task), self._token(token), validate.phase(phase)
         ttl = validate.ttl(ttl, allow_none=True)
-        max_park = validate.ttl(max_park, allow_none=True)
+        max_park = validate.ttl(max_park, allow_none=True, name="max_park")
         _, state = self._run(lambda s, now: rules.decide_transition(s, task, th, ph, ttl, now,
                                                                     max_park))
         return self._mine(state, task, token)

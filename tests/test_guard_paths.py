@@ -153,3 +153,49 @@ def test_pre_push_refuses_commits_touching_reserved_paths(
     assert a.fc("release", "lexer", "--token", token).returncode == 0
     pushed = b.git("push", "-q", "origin", "agent-b", check=False)
     assert pushed.returncode == 0, pushed.stderr
+
+
+def test_pre_push_sees_what_a_merge_commit_changed_itself(
+        agents: tuple[Agent, Agent, Path]) -> None:
+    """An edit made while merging (the merge commit's own change, committed with --no-verify)
+    is caught at push; a plain merge of someone's branch that changes no reserved file
+    itself passes. `git log --name-only` listed no files for a merge commit."""
+    a, b, _ = agents
+    a.fc("claim", "lexer", "--paths", "src/parser")
+    b.git("checkout", "-q", "-b", "side")
+    b.write("docs/guide.md", "v2\n")
+    b.commit("docs")
+    b.git("checkout", "-q", "agent-b")
+    b.write("docs/other.md", "x\n")
+    b.commit("other")
+    b.git("merge", "-q", "--no-ff", "--no-commit", "side")
+    b.write("src/parser/lexer.py", "edited while merging\n")
+    b.git("commit", "-qm", "merge side", "--no-verify")
+    pushed = b.git("push", "-q", "origin", "agent-b", check=False)
+    assert pushed.returncode != 0 and "src/parser/lexer.py" in pushed.stderr, pushed.stderr
+    b.git("reset", "-q", "--hard", "HEAD~1")
+    b.git("merge", "-q", "--no-ff", "-m", "merge side", "side")
+    pushed = b.git("push", "-q", "origin", "agent-b", check=False)
+    assert pushed.returncode == 0, pushed.stderr
+
+
+def test_pre_push_to_a_url_checks_only_what_is_new_there(
+        agents: tuple[Agent, Agent, Path]) -> None:
+    """A push by URL (no remote-tracking branches for it) sends only the new commits: a branch
+    that adds an unreserved file passes even though older, already-pushed commits touched a
+    reserved one. `--remotes=<url>` matched nothing, so the whole history was checked."""
+    a, b, remote = agents
+    a.fc("claim", "lexer", "--paths", "src/parser")
+    b.write("NOTES.md", "x\n")
+    b.commit("notes")
+    pushed = b.git("push", "-q", str(remote), "agent-b", check=False)
+    assert pushed.returncode == 0, pushed.stderr
+
+
+def test_reservations_are_refused_on_a_remote_lease(agents: tuple[Agent, Agent, Path]) -> None:
+    """`claim --remote --paths` is refused (exit 2, nothing claimed) rather than granted with
+    the reservation silently dropped, which let an overlapping claim through."""
+    a, b, _ = agents
+    refused = a.fc("claim", "t", "--remote", "origin", "--paths", "src")
+    assert refused.returncode == 2 and "remote" in refused.stderr, refused.stderr
+    assert b.fc("claim", "u", "--paths", "src/parser").returncode == 0

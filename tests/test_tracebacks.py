@@ -215,6 +215,11 @@ def test_registry_constructor_raises_only_typed_errors(
     lambda r: r.claims(include_expired="yes"),
     lambda r: r.release("t", force="no", reason="r"),
     lambda r: fleetclaims.Registry(r.location, lock_timeout=math.inf),
+    # (found by a probe of path reservations: a TypeError, and a limit passed by halves)
+    lambda r: r.claim("t", owner="a", paths=7),
+    lambda r: r.claim("t", owner="a", shared_paths=5),
+    lambda r: r.claim("t", owner="a", paths=[f"e{i}" for i in range(200)],
+                      shared_paths=[f"s{i}" for i in range(100)]),
 ])
 def test_issue_inputs_are_validation_errors(tmp_path: Path,
                                             call: Callable[[fleetclaims.Registry], Any]) -> None:

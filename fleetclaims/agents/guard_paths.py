@@ -51,6 +51,16 @@ def pushed_paths(repo: str, remote: str, refs: str) -> list[str]:
     """The paths changed by the commits a push sends (pre-push's stdin lines): for an update,
     the commits after the remote's sha; for a new branch, those on no branch of ``remote``."""
     paths: set[str] = set()
+    # What the remote has already is not pushed again: its refs as it lists them (a push to
+    # a URL has no remote-tracking branches: `--remotes=<url>` matched none, so the whole
+    # history was checked and refused), and its remote-tracking branches.
+    known = _git(repo, "remote").split()
+    others = [f"--remotes={remote}" if remote in known else "--remotes"]
+    listed = subprocess.run(["git", "ls-remote", remote], cwd=repo, capture_output=True,
+                            text=True, check=False, timeout=60)
+    if listed.returncode == 0:
+        others += [sha for sha in {ln.split("\t")[0] for ln in listed.stdout.splitlines()}
+                   if sha.strip("0") and _has_commit(repo, sha)]
     for line in refs.splitlines():
         parts = line.split()
         if len(parts) != 4 or not parts[1].strip("0"):
@@ -59,8 +69,10 @@ def pushed_paths(repo: str, remote: str, refs: str) -> list[str]:
         if remote_sha.strip("0") and _has_commit(repo, remote_sha):
             spec = [f"{remote_sha}..{local}"]
         else:
-            spec = [local, "--not", f"--remotes={remote}"]
-        out = _git(repo, "log", "--format=", "--name-only", "--no-renames", "-z", *spec)
+            spec = [local, "--not", *others]
+        # --cc: a merge commit lists the files it changed itself (a resolution, or an edit
+        # made while merging); plain --name-only lists none for a merge.
+        out = _git(repo, "log", "--format=", "--name-only", "--cc", "--no-renames", "-z", *spec)
         paths.update(p.strip("\n") for p in out.split("\0") if p.strip("\n"))
     return sorted(paths)
 

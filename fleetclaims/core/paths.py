@@ -104,6 +104,8 @@ def normalise_all(patterns: Iterable[object] | None, field_name: str = "paths") 
     if isinstance(patterns, (str, bytes)):
         raise ValidationError(field_name, "give a list of patterns, not one string",
                               value=patterns)
+    if not isinstance(patterns, (list, tuple, set, frozenset)):
+        raise ValidationError(field_name, "give a list of patterns", value=patterns)
     out: dict[str, None] = {}
     for count, pattern in enumerate(patterns, 1):
         if count > MAX_PATTERNS:

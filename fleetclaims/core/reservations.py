@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import events as ev
+from .errors import ValidationError
 from .model import Claim, Now
+from .paths import MAX_PATTERNS
 from .reserve import overlaps, refusal
 from .rules import Decision, holder_check, lease_expired
 from .state import State
@@ -28,6 +30,11 @@ def decide_reserve(state: State, task: str, token_hash: str, paths: Sequence[str
                        if p not in new_paths)
     if (new_paths, new_shared) == (current.paths, current.shared_paths):
         return Decision(result=current)
+    if len(new_paths) + len(new_shared) > MAX_PATTERNS:
+        return Decision(error=ValidationError(
+            "paths", f"a claim reserves at most {MAX_PATTERNS} patterns, exclusive and shared "
+            f"together ({task} would hold {len(new_paths) + len(new_shared)}): unreserve some "
+            "first, or reserve a directory that covers them", value=len(paths) + len(shared)))
     found = overlaps(state, task, new_paths, new_shared, now, lease_expired)
     if found:
         rejected, error = refusal(task, current.owner, found[0])

@@ -154,17 +154,18 @@ def required_reason(value: Any, explain: str) -> str:
     return found
 
 
-def ttl(value: Any, *, allow_none: bool = False) -> float | None:
+def ttl(value: Any, *, allow_none: bool = False, name: str = "ttl") -> float | None:
+    """A lease length in seconds (``name``: the parameter named in a refusal)."""
     if value is None:
         if allow_none:
             return None
-        raise ValidationError("ttl", "is required")
+        raise ValidationError(name, "is required")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValidationError("ttl", "must be a number of seconds", value=value)
+        raise ValidationError(name, "must be a number of seconds", value=value)
     # Compared before float(): float(10**400) raises OverflowError.
     if not (isinstance(value, int) or math.isfinite(value)) or not TTL_MIN <= value <= TTL_MAX:
         raise ValidationError(
-            "ttl", f"must be between {TTL_MIN:g}s and {TTL_MAX:g}s (24h)", value=value
+            name, f"must be between {TTL_MIN:g}s and {TTL_MAX:g}s (24h)", value=value
         )
     return float(value)
 

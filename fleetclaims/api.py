@@ -210,8 +210,10 @@ class Registry(QueueMethods):
         take_stale = validate.flag("take_stale", take_stale)
         preempt = validate.flag("preempt", preempt)
         wait = _wait.check_wait(wait)
-        if (leases := self._leases(remote)) is not None:
+        if remote:
             _paths.not_remote(paths, shared_paths)  # (refused, never dropped silently)
+        if (leases := self._leases(remote)) is not None:
+            _paths.not_remote(paths, shared_paths)
             return leases.claim(task, take_stale, preempt, dict(owner=owner, token=token, ttl=ttl,
                                 priority=priority, note=note, metadata=metadata, process=process))
         raw, grant = self._grant(owner, token, ttl, priority=priority, note=note,

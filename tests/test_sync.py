@@ -259,3 +259,52 @@ def test_a_remote_that_stops_answering_is_unavailable(tmp_path: Path,
         with pytest.raises(RemoteUnavailable, match="no answer within 1 s"):
             reg.sync(url)
     assert _events(reg) == before
+
+
+def test_a_copied_registry_never_pushes_over_its_twin(tmp_path: Path) -> None:
+    """One registry copied into a second clone (the same origin in two folders): the copy's
+    sync is refused (RemoteRewritten naming the copy) instead of pushing its history over the
+    original's, which hid the original's events and kept two holders of one task forever."""
+    import shutil
+
+    bare, (a, b) = remote_with_clones(tmp_path, 2)
+    ra = Registry(registry_dir(a))
+    ra.claim("setup", owner="ana", ttl=600)
+    ra.sync("origin")
+    shutil.rmtree(registry_dir(b), ignore_errors=True)
+    shutil.copytree(registry_dir(a), registry_dir(b))
+    rb = Registry(registry_dir(b))
+    ra.claim("x", owner="ana", ttl=600)
+    ra.sync("origin")
+    ref = JOURNAL_NS + ra.store.read().origin
+    published = git("rev-parse", ref, cwd=bare)
+    rb.claim("x", owner="bob", ttl=600)
+    with pytest.raises(RemoteRewritten, match="another copy"):
+        rb.sync("origin")
+    assert git("rev-parse", ref, cwd=bare) == published  # (not pushed over)
+    assert ra.sync("origin").published is None  # (the original goes on undisturbed)
+
+
+def test_a_fleetclaims_ref_with_lines_that_are_not_json_is_refused_typed(tmp_path: Path) -> None:
+    """A commit pushed on top of a seen journal ref whose journal is not JSON lines: the next
+    sync says the ref was rewritten (exit 5), not an internal error (JSONDecodeError)."""
+    bare, (a, b) = remote_with_clones(tmp_path, 2)
+    ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
+    ra.claim("t", owner="alice", ttl=600)
+    ra.sync("origin")
+    rb.sync("origin")
+    ref = JOURNAL_NS + ra.store.read().origin
+    old = git("rev-parse", ref, cwd=bare)
+    entries = git("ls-tree", old, cwd=bare).splitlines()
+    name = next(e for e in entries if "journal-" in e)
+    blob = name.split()[2]
+    junk = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=bare, input="junk\n" * 9,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    tree = subprocess.run(["git", "mktree"], cwd=bare, capture_output=True, text=True,
+                          check=True, input="\n".join(e.replace(blob, junk)
+                                                      for e in entries) + "\n").stdout.strip()
+    git("update-ref", ref, git("commit-tree", tree, "-p", old, "-m", "junk", cwd=bare), cwd=bare)
+    before = _events(rb)
+    with pytest.raises(RemoteRewritten):
+        rb.sync("origin")
+    assert _events(rb) == before

@@ -191,18 +191,33 @@ def _check_extends(git: Git, remote: str, seen: dict[str, str],
                                   "this clone saw before (force-pushed)")
         was = _meta(git, old)
         lines = _lines(git, new)
-        seq = int(was.get("seq", 0))
-        if seq and (len(lines) < seq or
-                    orjson.loads(lines[seq - 1]).get("hash") != was.get("head")):
+        seq = _int(was.get("seq", 0))
+        if seq and (len(lines) < seq or _hash_of(lines[seq - 1]) != was.get("head")):
             raise RemoteRewritten(remote, ref, f"its journal no longer holds line {seq} as "
                                   "seen before (truncated or rewritten)")
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _hash_of(line: bytes) -> Any:
+    """The hash member of a journal line, or None when it is not a JSON object."""
+    try:
+        event = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return event.get("hash") if isinstance(event, dict) else None
 
 
 def _meta(git: Git, commit: str) -> dict[str, Any]:
     names = git.ls_tree(commit)
     if "meta.json" not in names:
         return {}
-    data = orjson.loads(git.read_blobs([names["meta.json"]])[0])
+    try:
+        data = orjson.loads(git.read_blobs([names["meta.json"]])[0])
+    except orjson.JSONDecodeError:
+        return {}  # (then nothing is taken from it: the journal itself is verified)
     return data if isinstance(data, dict) else {}
 
 
@@ -253,8 +268,13 @@ def _verified_lines(git: Git, remote: str, origin: str, sha: str) -> list[bytes]
 def _our_lines(reg: Registry) -> list[bytes]:
     """This registry's journal lines as sealed (re-serialised by the encoder that wrote them,
     and checked against each line's own hash)."""
-    lines = []
+    lines: list[bytes] = []
     for event in reg.store.iter_events(0):
+        if not lines and event["seq"] != 1:  # (the rest of the chain was archived)
+            raise ValidationError("remote", f"events 1..{event['seq'] - 1} of this registry "
+                                  "were archived (`audit archive`), and a sync publishes the "
+                                  "whole journal for other clones to verify from its start: "
+                                  "copy the archived segments back into segments/ to sync")
         line = orjson.dumps(event)
         if check_seal(line) != event["hash"]:
             raise AuditCorrupt(reg.location, seq=int(event["seq"]), offset=0, reason=(
@@ -280,12 +300,23 @@ def _publish(reg: Registry, git: Git, remote: str, incoming: dict[str, str],
     parent = incoming.get(state.origin)
     heal = heal if heal and heal != parent and git.has(heal) else None
     old: dict[str, str] = {}
+    meta: dict[str, Any] = {}
     if parent is not None and heal is None:
         meta = _meta(git, parent)
         if meta.get("seq") == state.seq and meta.get("head") == state.head:
             return None, True
         old = git.ls_tree(parent)
     lines = _our_lines(reg)
+    theirs = _int(meta.get("seq"))
+    if theirs and (theirs > len(lines) or _hash_of(lines[theirs - 1]) != meta.get("head")):
+        # The remote holds a history of this registry that ours does not extend: another copy
+        # of this folder published it (or ours was cut since). Never pushed over.
+        raise RemoteRewritten(remote, ref, f"it holds this registry's line {theirs} with a "
+                              "hash this journal does not have there: another copy of this "
+                              "registry (the same origin: a copied folder?) published a "
+                              "different history, or this journal was cut since. Keep one "
+                              "copy; give the other a history of its own (`fleetclaims init "
+                              "--new-history` there, then `fleetclaims merge` the kept one)")
     meta_doc = {"format": FORMAT, "origin": state.origin, "seq": len(lines),
                 "head": orjson.loads(lines[-1])["hash"], "fence": state.fence, "chunk": CHUNK}
     entries = [("meta.json", git.blob(orjson.dumps(meta_doc, option=orjson.OPT_SORT_KEYS)))]

@@ -308,3 +308,18 @@ def test_a_fleetclaims_ref_with_lines_that_are_not_json_is_refused_typed(tmp_pat
     with pytest.raises(RemoteRewritten):
         rb.sync("origin")
     assert _events(rb) == before
+
+
+def test_a_remote_that_refuses_the_push_says_so(tmp_path: Path) -> None:
+    """A remote whose hook declines every push: sync and a remote lease report the refusal
+    (RemoteUnavailable naming it), not a rewritten ref or a holder named '?'."""
+    bare, (a,) = remote_with_clones(tmp_path, 1)
+    hook = bare / "hooks" / "pre-receive"
+    hook.write_text("#!/bin/sh\necho 'no pushes today' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    reg = Registry(registry_dir(a))
+    reg.claim("t", owner="alice", ttl=600)
+    with pytest.raises(RemoteUnavailable, match="refused the push"):
+        reg.sync("origin")
+    with pytest.raises(RemoteUnavailable, match="refused the push"):
+        reg.claim("b", owner="alice", ttl=600, remote="origin")

@@ -202,11 +202,17 @@ class Git:
             specs.append(f"{new or ''}:{ref}")
         done = self.run([*args, remote, *specs], check=False, timeout=NETWORK_TIMEOUT,
                         env=_NO_PROMPT, remote=remote)
-        rejected = []
+        rejected, refused = [], []
         for line in done.stdout.decode().splitlines():
             flag, _, rest = line.partition("\t")
             if flag == "!":
-                rejected.append(rest.partition("\t")[0].rpartition(":")[2])
+                ref, _, summary = rest.partition("\t")
+                rejected.append(ref.rpartition(":")[2])
+                if summary.startswith("[remote rejected]") and "atomic push failed" not in summary:
+                    refused.append(summary)
+        if refused:  # (the remote said no, e.g. a hook: not a lost compare-and-swap)
+            raise RemoteUnavailable(remote, f"it refused the push: {refused[0]} "
+                                    f"{_last_line(done.stderr)}".strip())
         if rejected:
             return PushResult(False, tuple(rejected), done.stdout.decode().strip())
         if done.returncode != 0:

@@ -218,6 +218,10 @@ def test_cli_sync_reports_and_exits_by_the_table(tmp_path: Path,
     assert "1 registries merged" in capsys.readouterr().out
     assert main(["sync", str(tmp_path / "nowhere.git"), "--dir", registry_dir(b), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["error"] == "remote_unavailable"
+    # after `--` a remote is still the remote (only `run` takes what follows as a command)
+    assert main(["--dir", registry_dir(b), "sync", "--", "nosuchremote"]) == 1
+    said = capsys.readouterr().err
+    assert "'nosuchremote'" in said and "does not appear to be a git repository" in said, said
 
 
 def test_sync_outside_a_repository_is_a_typed_refusal(tmp_path: Path,

@@ -237,7 +237,7 @@ def _main(argv: list[str]) -> int:
     # Everything after the first "--" is the command of `run`, never options of ours (its
     # arguments may be any bytes: file names are passed on as they came).
     cmd: list[str] = []
-    if "--" in argv:
+    if "--" in argv and _command_of(argv[: argv.index("--")]) == "run":
         cut = argv.index("--")
         argv, cmd = argv[:cut], argv[cut + 1 :]
     _check_arguments(argv)

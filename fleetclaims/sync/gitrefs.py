@@ -250,8 +250,14 @@ def repository_of(path: str) -> str:
 
 
 def _last_line(stderr: bytes) -> str:
-    lines = [ln for ln in stderr.decode(errors="replace").splitlines() if ln.strip()]
-    return lines[-1].strip() if lines else "git failed"
+    """What git said went wrong: its first fatal: or error: line (the lines after it are often
+    advice such as "Please make sure you have the correct access rights and the repository
+    exists."), else its last line."""
+    lines = [ln.strip() for ln in stderr.decode(errors="replace").splitlines() if ln.strip()]
+    for line in lines:
+        if line.startswith(("fatal:", "error:")):
+            return line
+    return lines[-1] if lines else "git failed"
 
 
 __all__ = ["NETWORK_TIMEOUT", "Git", "PushResult", "ref_component", "remote_key",

@@ -208,7 +208,8 @@ class Git:
             if flag == "!":
                 ref, _, summary = rest.partition("\t")
                 rejected.append(ref.rpartition(":")[2])
-                if summary.startswith("[remote rejected]") and "atomic push failed" not in summary:
+                if summary.startswith("[remote rejected]") and not any(
+                        race in summary for race in _RACES):
                     refused.append(summary)
         if refused:  # (the remote said no, e.g. a hook: not a lost compare-and-swap)
             raise RemoteUnavailable(remote, f"it refused the push: {refused[0]} "
@@ -219,6 +220,11 @@ class Git:
             raise RemoteUnavailable(remote, _last_line(done.stderr) or _last_line(done.stdout))
         return PushResult(True)
 
+
+# A "[remote rejected]" that means another push won the ref meanwhile (a lost compare-and-swap
+# to retry), not a remote refusing pushes (a hook, a permission).
+_RACES = ("failed to update ref", "failed to lock", "cannot lock ref", "atomic push failed",
+          "incorrect old value", "stale info", "failed to write")
 
 # No interactive prompt may hang a claim: credentials come from git's helpers or ssh agents.
 _NO_PROMPT = {"GIT_TERMINAL_PROMPT": "0", "GIT_SSH_COMMAND": os.environ.get(

@@ -223,6 +223,28 @@ def test_existing_hooks_are_chained_and_restored_exactly(repo: Path, tmp_path: P
     assert not list(hooks.glob("*" + CHAINED_SUFFIX))
 
 
+def test_a_hook_that_links_to_another_is_kept_and_restored(repo: Path, tmp_path: Path) -> None:
+    """pre-push a symlink to the user's pre-commit: install chains it (still leading to the
+    user's hook) and uninstall restores both exactly. It used to be taken for ours (the link
+    led to our new pre-commit), overwritten, and deleted by uninstall."""
+    hooks = repo / ".git" / "hooks"
+    original = f"#!/bin/sh\necho ran >> {tmp_path / 'linked.log'}\n"
+    (hooks / "pre-commit").write_text(original)
+    (hooks / "pre-commit").chmod(0o755)
+    (hooks / "pre-push").symlink_to("pre-commit")
+    done = fc(tmp_path, "hooks", "install", "--json", cwd=repo)
+    assert done.returncode == 0, done.stderr
+    actions = {h["hook"]: h["action"] for h in json.loads(done.stdout)["hooks"]}
+    assert actions["pre-commit"] == actions["pre-push"] == "chained", actions
+    chained = hooks / ("pre-push" + CHAINED_SUFFIX)
+    assert chained.is_symlink() and chained.read_text() == original  # (the user's hook)
+    assert fc(tmp_path, "hooks", "uninstall", cwd=repo).returncode == 0
+    assert (hooks / "pre-push").is_symlink()
+    assert os.readlink(hooks / "pre-push") == "pre-commit"
+    assert (hooks / "pre-commit").read_text() == original
+    assert not list(hooks.glob("*" + CHAINED_SUFFIX))
+
+
 def test_core_hooks_path_is_honoured(repo: Path, tmp_path: Path) -> None:
     """With core.hooksPath set, hooks go there and .git/hooks is left alone."""
     git(repo, "config", "core.hooksPath", "ci-hooks", env=environ(tmp_path))

@@ -141,6 +141,8 @@ def _pre_push(chained: str) -> str:
 
 
 def _ours(path: Path) -> bool:
+    if path.is_symlink():  # (ours are files; a link may lead to a hook we replace meanwhile)
+        return False
     try:
         with path.open("rb") as fh:
             return MARKER.encode() in fh.read(512)
@@ -150,6 +152,19 @@ def _ours(path: Path) -> bool:
 
 def _exists(path: Path) -> bool:
     return path.exists() or path.is_symlink()
+
+
+def _relink(link: Path, hooks: tuple[str, ...], suffix: str) -> None:
+    """A hook that is a symlink to another hook of ``hooks`` (``pre-push -> pre-commit``) is
+    led to where that one's original is now: its chained name on install (``suffix``), its
+    own name again on uninstall; so the user's hook still runs the user's hook."""
+    if not link.is_symlink():
+        return
+    target = os.readlink(link)
+    base = target[: -len(CHAINED_SUFFIX)] if target.endswith(CHAINED_SUFFIX) else target
+    if base in hooks and target != base + suffix:
+        os.remove(link)
+        os.symlink(base + suffix, link)
 
 
 def install(repo: str | os.PathLike[str] = ".", *, trailer: bool = True) -> list[HookChange]:
@@ -169,6 +184,7 @@ def install(repo: str | os.PathLike[str] = ".", *, trailer: bool = True) -> list
         path, aside = directory / name, directory / (name + CHAINED_SUFFIX)
         if _exists(path) and not _ours(path):
             os.rename(path, aside)  # a rename keeps its bytes, mode and symlink-ness
+            _relink(aside, names, CHAINED_SUFFIX)
             action, detail = "chained", f"the existing hook now runs after ours as {aside.name}"
         elif _exists(path):
             action, detail = "updated", ""
@@ -199,6 +215,7 @@ def uninstall(repo: str | os.PathLike[str] = ".") -> list[HookChange]:
         else:
             action = ""
         if _exists(aside):
+            _relink(aside, (*GUARD_HOOKS, TRAILER_HOOK), "")
             os.rename(aside, path)
             action = "restored"
         if action:

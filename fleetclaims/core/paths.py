@@ -104,7 +104,7 @@ def normalise_all(patterns: Iterable[object] | None, field_name: str = "paths") 
     if isinstance(patterns, (str, bytes)):
         raise ValidationError(field_name, "give a list of patterns, not one string",
                               value=patterns)
-    if not isinstance(patterns, (list, tuple, set, frozenset)):
+    if not isinstance(patterns, Iterable) or isinstance(patterns, dict):
         raise ValidationError(field_name, "give a list of patterns", value=patterns)
     out: dict[str, None] = {}
     for count, pattern in enumerate(patterns, 1):
@@ -130,7 +130,21 @@ def _segments_meet(a: str, b: str) -> bool:
     consume one. Two single-character matchers agree unless both are different literals."""
     if not _wild(a) or not _wild(b):
         return glob_match(b, a) if not _wild(a) else glob_match(a, b)
-    seen: set[tuple[int, int]] = set()
+    if "*" in a and "*" in b:
+        # Both have a star: they meet exactly when their parts before the first star agree
+        # and their parts after the last star agree (character by character, ``?`` agreeing
+        # with anything, over the shorter length). Then a word made of the longer prefix,
+        # a's middle, b's middle and the longer suffix matches both (each one's stars take
+        # the other's parts). Linear, where the product below is quadratic: 256 patterns of
+        # long segments held the lock for minutes.
+        pa, pb = a[: a.index("*")], b[: b.index("*")]
+        sa, sb = a[a.rindex("*") + 1 :], b[b.rindex("*") + 1 :]
+        return _agree(pa, pb) and _agree(sa[::-1], sb[::-1])
+    if "*" not in b:
+        return _meet_fixed(a, b)
+    if "*" not in a:
+        return _meet_fixed(b, a)
+    seen: set[tuple[int, int]] = set()  # (not reached: kept as the definition)
     todo = [(0, 0)]
     la, lb = len(a), len(b)
     while todo:
@@ -149,6 +163,34 @@ def _segments_meet(a: str, b: str) -> bool:
         if ca and cb and (ca in "*?" or cb in "*?" or ca == cb):
             todo.append((i if ca == "*" else i + 1, j if cb == "*" else j + 1))
     return False
+
+
+def _meet_fixed(glob: str, fixed: str) -> bool:
+    """Whether ``glob`` matches some word that the star-free ``fixed`` (literals and ``?``)
+    matches: the product above run on bit masks of the positions in ``fixed`` (one integer
+    operation per character of ``glob``)."""
+    n = len(fixed)
+    everything = (1 << (n + 1)) - 1
+    anything = sum(1 << j for j, d in enumerate(fixed) if d == "?")
+    fit: dict[str, int] = {}
+    at = 1  # bit j: glob read so far can have consumed fixed[:j]
+    for c in glob:
+        if c == "*":
+            at = everything & ~((at & -at) - 1)  # any j at or after the lowest reached
+        elif c == "?":
+            at = (at << 1) & everything
+        else:
+            if c not in fit:
+                fit[c] = anything | sum(1 << j for j, d in enumerate(fixed) if d == c)
+            at = ((at & fit[c]) << 1) & everything
+        if not at:
+            return False
+    return bool(at >> n & 1)
+
+
+def _agree(x: str, y: str) -> bool:
+    """Whether two star-free glob parts agree on their common length (``?`` with anything)."""
+    return all(c == d or c == "?" or d == "?" for c, d in zip(x, y, strict=False))
 
 
 def glob_match(glob: str, text: str) -> bool:

@@ -230,3 +230,21 @@ def test_the_server_refuses_a_registry_chosen_silently(tmp_path: Path) -> None:
                             stdin=subprocess.DEVNULL, timeout=60, check=False)
     assert served.returncode == 0, served.stderr  # stdin closed at once: a clean end
     assert time.monotonic() - started < 30
+
+
+def test_two_servers_of_one_owner_keep_each_others_tokens(tmp_path: Path) -> None:
+    """Two MCP servers of the same owner on one registry (two client windows, or a restart
+    while the old one lives): each one's saved tokens survive the other's saves, and a token
+    given up is taken out by the one that held it only. The file used to be overwritten whole
+    by each, so a restarted server lost the other's claims."""
+    from fleetclaims.agents.mcp_keep import TokenFile
+
+    first = TokenFile("/reg", "agent-y", tmp_path)
+    second = TokenFile("/reg", "agent-y", tmp_path)
+    first.save({"ta": "token-a"})
+    second.save({"tb": "token-b"})
+    assert TokenFile("/reg", "agent-y", tmp_path).load() == {"ta": "token-a", "tb": "token-b"}
+    first.save({})  # (first completed ta)
+    assert TokenFile("/reg", "agent-y", tmp_path).load() == {"tb": "token-b"}
+    second.save({"tb": "token-b", "tc": "token-c"})
+    assert TokenFile("/reg", "agent-y", tmp_path).load() == {"tb": "token-b", "tc": "token-c"}

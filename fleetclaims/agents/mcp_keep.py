@@ -25,6 +25,11 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import FleetclaimsError, NotHolder
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: one server per owner and registry
+    fcntl = None  # type: ignore[assignment]
+
 if TYPE_CHECKING:
     from ..api import Registry
 
@@ -48,6 +53,7 @@ class TokenFile:
         self.directory = directory if directory is not None else state_directory()
         self.path = self.directory / f"{key}.json"
         self.location, self.owner = location, owner
+        self._saved: dict[str, str] = {}  # what this process last had written there
 
     def load(self) -> dict[str, str]:
         """The tokens last saved; empty when there are none or the file is not ours."""
@@ -62,8 +68,26 @@ class TokenFile:
         return {str(k): str(v) for k, v in data["tokens"].items() if isinstance(v, str)}
 
     def save(self, tokens: dict[str, str]) -> None:
-        """Replace the file (temp file, fsync, rename); the directory is created 0700."""
+        """Write ``tokens`` into the file (temp file, fsync, rename; the directory is created
+        0700), merged with what another server of the same owner and registry wrote there
+        meanwhile (under a lock): its tokens are kept, only ours are added or taken out."""
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = os.open(self.path.with_name(f".{self.path.name}.lock"),
+                       os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            merged = self.load()
+            for task, token in self._saved.items():
+                if task not in tokens and merged.get(task) == token:
+                    del merged[task]  # (ours, and given up since)
+            merged.update(tokens)
+            self._write(merged)
+            self._saved = dict(tokens)
+        finally:
+            os.close(lock)  # (and its lock)
+
+    def _write(self, tokens: dict[str, str]) -> None:
         text = json.dumps({"registry": self.location, "owner": self.owner,
                            "tokens": dict(sorted(tokens.items()))})
         temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")

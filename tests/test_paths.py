@@ -109,6 +109,8 @@ HOSTILE = [
     ("/etc/passwd", "absolute"),
     ("a\x00b", "NUL"),
     ("a\nb", "control"),
+    ("a\x85b", "control"),  # (C1, and the separators that end a line)
+    ("a\u2028b", "control"),
     ("a\\b", "backslash"),
     ("src/[ab].py", "character class"),
     ("!src", "negated"),

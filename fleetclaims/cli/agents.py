@@ -95,7 +95,9 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
     if not cmd:
         raise ValidationError("CMD", "is missing: fleetclaims run TASK --owner O -- CMD ARGS...")
     if args.next_task == (args.task is not None):
-        raise ValidationError("task", "give a TASK or --next (the best ready task), not both")
+        raise ValidationError("task", "give a TASK or --next (the best ready task), not both"
+                              if args.next_task else "is missing: give a TASK, or --next for "
+                              "the best ready task")
     if not args.next_task and (args.labels or args.wait is not None):
         raise ValidationError("next", "--label and --wait choose a task: use them with --next")
     owner = _owner(args, required=True)

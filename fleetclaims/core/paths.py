@@ -59,7 +59,8 @@ def normalise(pattern: object, field_name: str = "paths") -> str:
         raise ValidationError(field_name, f"a pattern is at most {MAX_PATTERN} characters",
                               value=pattern)
     for char in pattern:
-        if char < " " or char == "\x7f":
+        # (C0 and C1 controls, DEL, and the line and paragraph separators: all break lines)
+        if char < " " or "\x7f" <= char <= "\x9f" or char in "\u2028\u2029":
             raise ValidationError(field_name, "a pattern may not hold control characters or NUL",
                                   value=pattern)
         if char in _REFUSED:

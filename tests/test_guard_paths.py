@@ -150,6 +150,8 @@ def test_pre_push_refuses_commits_touching_reserved_paths(
     pushed = b.git("push", "-q", "origin", "agent-b", check=False)
     assert pushed.returncode != 0
     assert "push refused" in pushed.stderr and "agent-a" in pushed.stderr
+    # (the commit is made: the advice is about the pushed commits, not the index)
+    assert "git revert" in pushed.stderr and "restore --staged" not in pushed.stderr
     assert a.fc("release", "lexer", "--token", token).returncode == 0
     pushed = b.git("push", "-q", "origin", "agent-b", check=False)
     assert pushed.returncode == 0, pushed.stderr

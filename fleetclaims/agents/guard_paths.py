@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
+from shlex import quote
 from typing import TYPE_CHECKING
 
 from ..core import reserve, rules
@@ -90,7 +91,7 @@ def require_paths(repo: str) -> bool:
 
 
 def check(reg: Registry, paths: Iterable[str], env: Mapping[str, str], *,
-          require: bool = False) -> GuardResult:
+          require: bool = False, pushing: bool = False) -> GuardResult:
     """The first path another live claim reserved exclusively (or, with ``require``, the
     first one none of the committer's claims reserved), as a refusal; else ok."""
     my_task = env.get("FLEETCLAIMS_TASK") or None
@@ -114,10 +115,13 @@ def check(reg: Registry, paths: Iterable[str], env: Mapping[str, str], *,
                     False, my_task, code="conflict", holder=holder.owner,
                     reason=f"{path} is reserved by {holder.owner} for {holder.task!r} "
                     f"(pattern {reserved.pattern!r}, fence {holder.fence})",
-                    next_action=f"Unstage it (`git restore --staged -- {path}`), or ask "
-                    f"{holder.owner} to finish {holder.task!r} or to `fleetclaims unreserve "
-                    f"{holder.task} {reserved.pattern}`; `fleetclaims get {holder.task}` "
-                    "shows the claim.")
+                    next_action=(
+                        f"Take the change to {quote(path)} out of the commits you push (e.g. "
+                        f"`git revert` it, or rework them with `git rebase -i`)" if pushing
+                        else f"Unstage it (`git restore --staged -- {quote(path)}`)")
+                    + f", or ask {holder.owner} to finish {holder.task!r} or to `fleetclaims "
+                    f"unreserve {holder.task} {quote(reserved.pattern)}`; `fleetclaims get "
+                    f"{holder.task}` shows the claim.")
         if require and not mine:
             who = f"claim on {my_task!r}" if my_task else (
                 f"claims of {my_owner}" if my_owner else "claims (no FLEETCLAIMS_OWNER set)")
@@ -148,7 +152,8 @@ def hook_check(open_registry: Callable[[], Registry | None], hook: str, env: Map
         if reg is None:
             return GuardResult(True, reason="no registry: nothing is reserved")
         try:
-            return check(reg, paths, env, require=require_paths(repo))
+            return check(reg, paths, env, require=require_paths(repo),
+                         pushing=hook == "pre-push")
         finally:
             reg.close()
     except FleetclaimsError as exc:

@@ -31,7 +31,7 @@ class Lease:
         self.lost_reason: FleetclaimsError | None = None
         self._stop = threading.Event()
         self._done = False
-        self._mutex = threading.Lock()
+        self._mutex = threading.RLock()  # (check() may renew from inside complete())
         self._thread = threading.Thread(
             target=self._heartbeat, name=f"fleetclaims-lease-{claim.task}", daemon=True
         )

@@ -297,3 +297,29 @@ def test_hooks_outside_a_repository(tmp_path: Path) -> None:
     done = fc(tmp_path, "hooks", "install", cwd=tmp_path / "plain",
               GIT_CEILING_DIRECTORIES=str(tmp_path))
     assert done.returncode == 2 and "not inside a git repository" in done.stderr
+
+
+def test_install_without_the_trailer_takes_an_earlier_trailer_hook_out(repo: Path,
+                                                                        tmp_path: Path) -> None:
+    """`hooks install --no-trailer` after a plain install removes the trailer hook it put
+    there (commits used to go on getting the trailer); the guard hooks stay."""
+    hooks = repo / ".git" / "hooks"
+    assert fc(tmp_path, "hooks", "install", cwd=repo).returncode == 0
+    assert (hooks / "prepare-commit-msg").exists()
+    done = fc(tmp_path, "hooks", "install", "--no-trailer", cwd=repo)
+    assert done.returncode == 0, done.stderr
+    assert not (hooks / "prepare-commit-msg").exists()
+    assert (hooks / "pre-commit").exists() and (hooks / "pre-push").exists()
+
+
+def test_the_guard_outside_a_repository_says_so(tmp_path: Path) -> None:
+    """`guard --hook pre-commit` outside any repository: one clear message, not git's usage
+    text for diff (about 100 lines) and advice to run git fsck."""
+    out = tmp_path / "nowhere"
+    out.mkdir()
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "fleetclaims", "--dir", str(tmp_path / "r"),
+                           "guard", "--hook", "pre-commit"], cwd=out, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode != 0 and "not inside a git repository" in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) <= 3 and "fsck" not in done.stderr

@@ -14,6 +14,7 @@ The check only reads the registry; no registry means no reservations (nothing to
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
 from shlex import quote
@@ -38,7 +39,10 @@ def _git(repo: str, *args: str) -> str:
     except OSError as exc:
         raise GitFailed(args[0], str(exc)) from None
     if done.returncode != 0:
-        raise GitFailed(" ".join(args[:2]), done.stderr.strip() or f"exit {done.returncode}")
+        said = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
+        first = next((ln for ln in said if ln.startswith(("fatal:", "error:"))), None)
+        raise GitFailed(" ".join(args[:2]), first or (said[-1] if said else
+                                                      f"exit {done.returncode}"))
     return done.stdout
 
 
@@ -140,6 +144,12 @@ def hook_check(open_registry: Callable[[], Registry | None], hook: str, env: Map
     the pushed commits' (``refs``: the hook's stdin lines). ``open_registry`` gives None
     when there is no registry (then nothing is reserved)."""
     try:
+        if hook in ("pre-commit", "pre-push") and subprocess.run(
+                ["git", "rev-parse", "--git-dir"], cwd=repo, capture_output=True,
+                check=False).returncode != 0:
+            raise GitFailed("git rev-parse", f"{os.path.abspath(repo)} is not inside a git "
+                            "repository", hint="Run it inside the repository whose changes "
+                            "it checks (the installed git hooks do).")
         if hook == "pre-commit":
             paths = staged_paths(repo)
         elif hook == "pre-push" and remote:

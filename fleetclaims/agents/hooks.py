@@ -195,14 +195,19 @@ def install(repo: str | os.PathLike[str] = ".", *, trailer: bool = True) -> list
         tmp.chmod(0o755)
         os.replace(tmp, path)
         changes.append(HookChange(name, str(path), action, detail))
+    if not trailer and _ours(directory / TRAILER_HOOK):  # (one installed before goes)
+        changes += _remove(directory, (TRAILER_HOOK,))
     return changes
 
 
 def uninstall(repo: str | os.PathLike[str] = ".") -> list[HookChange]:
     """Remove our hooks and put the chained ones back where they were."""
-    directory = hooks_dir(repo)
+    return _remove(hooks_dir(repo), (*GUARD_HOOKS, TRAILER_HOOK))
+
+
+def _remove(directory: Path, names: tuple[str, ...]) -> list[HookChange]:
     changes = []
-    for name in (*GUARD_HOOKS, TRAILER_HOOK):
+    for name in names:
         path, aside = directory / name, directory / (name + CHAINED_SUFFIX)
         if _exists(path) and not _ours(path):
             kept = f"; {aside.name} kept" if _exists(aside) else ""

@@ -250,3 +250,11 @@ def test_index_finds_exactly_what_a_scan_of_every_pair_finds() -> None:
                     if (m_excl or t_excl) and overlap(m, theirs):
                         want.add((m, task, theirs))
         assert got == want
+
+
+def test_a_name_in_nfc_and_in_nfd_is_one_name() -> None:
+    """`café` with a precomposed é and with e + combining accent are one name on macOS: the
+    reservations overlap and one covers the other (they never did)."""
+    nfc, nfd = normalise("docs/caf\u00e9"), normalise("docs/cafe\u0301")
+    assert overlap(nfc, nfd)
+    assert covers(nfc, "docs/cafe\u0301/notes.md") and covers(nfd, "docs/caf\u00e9")

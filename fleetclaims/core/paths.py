@@ -15,10 +15,10 @@ The supported syntax (a subset of gitignore's, decided exactly):
   gitignore, a matched directory covers everything in it): ``src/parser``, ``src/parser/`` and
   ``src/parser/**`` all reserve the directory and everything under it, and ``src/a.py`` also
   covers ``src/a.py/x`` (no file-system read tells a file from a directory).
-- Case: patterns and paths are compared after ``str.casefold``, whatever the file system of the
-  machine deciding, so two machines always agree. On a case-insensitive checkout (macOS,
-  Windows) ``Src/A.py`` and ``src/a.py`` are one file; on Linux they are two, and treating them
-  as one is the safe mistake (a refusal, never a missed overlap).
+- Case: patterns and paths are compared after NFC and ``str.casefold``, whatever the file
+  system of the machine deciding, so two machines always agree. On a case-insensitive checkout
+  (macOS, Windows) ``Src/A.py`` and ``src/a.py`` are one file; on Linux they are two, and
+  treating them as one is the safe mistake (a refusal, never a missed overlap).
 - Normalised: repeated ``/`` and ``.`` segments are dropped, a trailing ``/`` is dropped,
   consecutive ``**`` collapse into one. Refused (``ValidationError``): an empty pattern, a
   leading ``/`` (absolute), ``..`` segments, ``\\`` (an escape or a Windows separator), NUL and
@@ -115,8 +115,18 @@ def normalise_all(patterns: Iterable[object] | None, field_name: str = "paths") 
     return tuple(out)
 
 
+def _fold(text: str) -> str:
+    """The form names are compared in: case-folded, after NFC (``café`` typed as ``e`` and a
+    combining accent is the same name: one file on macOS)."""
+    if text.isascii():
+        return text.casefold()
+    import unicodedata  # (only for names that need it: a cold command imports less)
+
+    return unicodedata.normalize("NFC", text).casefold()
+
+
 def _key(pattern: str) -> tuple[str, ...]:
-    return tuple(pattern.casefold().split("/"))
+    return tuple(_fold(pattern).split("/"))
 
 
 def _wild(segment: str) -> bool:
@@ -258,7 +268,7 @@ def overlap_keys(sa: tuple[str, ...], sb: tuple[str, ...]) -> bool:
 def covers(pattern: str, path: str) -> bool:
     """Whether a normalised ``pattern`` covers the repository-relative file ``path``."""
     sp = _key(pattern)
-    sx = tuple(seg for seg in path.casefold().split("/") if seg not in ("", "."))
+    sx = tuple(seg for seg in _fold(path).split("/") if seg not in ("", "."))
     memo: dict[tuple[int, int], bool] = {}
 
     def match(i: int, j: int) -> bool:
@@ -355,7 +365,7 @@ class PathIndex:
     def covering(self, path: str) -> Iterator[Reserved]:
         """Reservations that cover the file ``path`` (a pattern covering it has a literal
         prefix that is a prefix of the path: only the nodes along it are read)."""
-        parts = [seg for seg in path.casefold().split("/") if seg not in ("", ".")]
+        parts = [seg for seg in _fold(path).split("/") if seg not in ("", ".")]
         node: _Node | None = self._root
         for depth in range(len(parts) + 1):
             assert node is not None

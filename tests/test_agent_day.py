@@ -4,6 +4,7 @@ environment, recover without a short-lived owner process, parked claims that can
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -195,19 +196,26 @@ def test_run_ctrl_z_stops_the_group_and_a_lost_claim_is_not_resumed(tmp_path: Pa
     d = tmp_path / "r"
     cmd, out = _grandchild_cmd(tmp_path)
     proc = start(d, "run", "t", "--owner", "a", "--ttl", "2s", "--", *cmd)
-    _wait_for(out)
-    proc.send_signal(signal.SIGTSTP)
-    time.sleep(0.5)
-    paused = out.stat().st_size
-    time.sleep(3)  # (past the 2 s lease)
-    assert out.stat().st_size == paused, "the command worked on while run was stopped"
-    taken = Registry(d).recover("t", owner="b", reason="stale")
-    assert taken.owner == "b"
-    proc.send_signal(signal.SIGCONT)
-    assert proc.wait(30) == 4
-    _gone_and_quiet(out)
-    assert out.stat().st_size - paused < 200  # (at most what was in flight as it stopped)
-    proc.communicate()
+    try:
+        _wait_for(out)
+        proc.send_signal(signal.SIGTSTP)
+        time.sleep(0.5)
+        paused = out.stat().st_size
+        time.sleep(3)  # (past the 2 s lease)
+        assert out.stat().st_size == paused, "the command worked on while run was stopped"
+        taken = Registry(d).recover("t", owner="b", reason="stale")
+        assert taken.owner == "b"
+        proc.send_signal(signal.SIGCONT)
+        assert proc.wait(30) == 4
+        _gone_and_quiet(out)
+        assert out.stat().st_size - paused < 200  # (at most what was in flight as it stopped)
+    finally:
+        if proc.poll() is None:  # (a failure must not leave run and its group behind)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        proc.communicate()
 
 
 @pytest.mark.slow

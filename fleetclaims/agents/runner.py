@@ -171,9 +171,10 @@ def _run_claimed(reg: Registry, lease: Lease, cmd: list[str], opts: RunOptions) 
         # session: stop its group first, then ourselves. On SIGCONT the group goes on only if
         # the claim is still ours (a pause past the TTL may have let another owner take it).
         group.signal(signal.SIGSTOP)
-        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTSTP)  # (stopped here until SIGCONT)
-        signal.signal(signal.SIGTSTP, suspend)
+        # SIGSTOP, not SIGTSTP's default action: that one is discarded in an orphaned
+        # process group (run started from a script or a service), where run would go on
+        # and resume the group at once.
+        os.kill(os.getpid(), signal.SIGSTOP)  # (stopped here until SIGCONT)
         with contextlib.suppress(FleetclaimsError):
             lease.check()
         if lease.lost.is_set():

@@ -24,6 +24,7 @@ from oracle import check, operations
 from pg_server import PgServer, serve, start_server
 
 from fleetclaims import (
+    AuditCorrupt,
     ClaimConflict,
     Identity,
     LeaseExpired,
@@ -356,6 +357,16 @@ def test_journal_is_append_only_and_tampering_is_detected(pg: str) -> None:
         report = reg.verify()
         assert not report.ok and report.seq == 3 and report.offset is not None
         assert report.offset > 0
+        # Reads check each row's seal as the file store does: the forged owner is not shown
+        # as history (explain said "held by z"), and a row that is not JSON is no exit 70.
+        for read in (lambda: reg.explain("t1"), lambda: reg.events(limit=100)):
+            with pytest.raises(AuditCorrupt, match="does not verify") as info:
+                read()
+            assert info.value.seq == 3
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(f"UPDATE \"{schema}\".audit SET line = '{{x' WHERE seq = 3")
+        with pytest.raises(AuditCorrupt, match="does not verify"):
+            reg.events(limit=100)
 
 
 # --- schemas ---------------------------------------------------------------------------------

@@ -552,3 +552,13 @@ def test_a_current_directory_that_was_removed_is_named(tmp_path: Path) -> None:
                                if k not in ("FLEETCLAIMS_DIR", "FLEETCLAIMS_URL")},
                           timeout=60, check=False)
     assert done.returncode == 1 and "current directory no longer exists" in done.stderr, done
+
+
+@pytest.mark.parametrize("url", ["postgresql://u:secret@[::1:5432/db",
+                                 "postgresql://u:secret@localhost:99999999/db"])
+def test_a_malformed_postgresql_url_is_a_validation_error(url: str) -> None:
+    """A URL urlsplit cannot read (an unclosed IPv6 bracket, a port out of range) is refused
+    typed, without echoing it (it may hold a password); it was a bare ValueError (exit 70)."""
+    with pytest.raises(ValidationError, match="not a valid PostgreSQL URL") as info:
+        fleetclaims.Registry(url)
+    assert "secret" not in str(info.value)

@@ -251,7 +251,13 @@ def parse_location(url: str, schema: str | None = None) -> tuple[str, str, str]:
     else ``fleetclaims``. The display location has no password and names the schema, so it can
     be passed back to ``Registry`` (the password then comes from PGPASSWORD or ~/.pgpass).
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (a malformed port or IPv6 host raises here: refused, typed)
+    except ValueError as exc:
+        raise ValidationError("url", f"is not a valid PostgreSQL URL ({exc}); the form is "
+                              "postgresql://user@host:port/database") from None  # (no echo:
+        # the URL may hold a password)
     query = parse_qsl(parts.query, keep_blank_values=True)
     from_url = [v for k, v in query if k == "schema"]
     rest = [(k, v) for k, v in query if k != "schema"]

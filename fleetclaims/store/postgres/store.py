@@ -32,8 +32,8 @@ import orjson
 import psycopg
 
 from ...core import events as ev
-from ...core.chain import envelope, seal
-from ...core.errors import FleetclaimsError, RegistryCorrupt, StoreUnavailable
+from ...core.chain import ChainError, check_seal, envelope, seal
+from ...core.errors import AuditCorrupt, FleetclaimsError, RegistryCorrupt, StoreUnavailable
 from ...core.model import GENESIS, Claim, Now
 from ...core.rules import Decision
 from ...core.state import State
@@ -449,9 +449,22 @@ class PostgresStore(PgSession):
             yield line.encode() + b"\n"
 
     def iter_events(self, after: int = 0) -> Iterator[dict[str, Any]]:
-        for _, line in self.iter_lines(after):
-            event = orjson.loads(line)
-            assert isinstance(event, dict)
+        """Each audit row as an event, its seal checked as the file store checks every line it
+        reads: a row edited outside fleetclaims (not JSON, or bytes its hash does not match)
+        is AuditCorrupt naming it, never shown as history."""
+        for seq, line in self.iter_lines(after):
+            raw = line.encode()
+            try:
+                event = orjson.loads(raw)
+                sound = (isinstance(event, dict) and event.get("seq") == seq
+                         and check_seal(raw) == event.get("hash"))
+            except (orjson.JSONDecodeError, ChainError):
+                sound = False
+            if not sound:
+                raise AuditCorrupt(self.location, seq=seq, offset=0, reason=(
+                    "the audit row does not verify (not JSON, its hash does not match its "
+                    "bytes, or its seq is not the row's): it was changed outside fleetclaims; "
+                    "`fleetclaims audit verify` names the first break"))
             yield event
 
     def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:

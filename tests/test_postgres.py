@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import random
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -367,6 +368,20 @@ def test_journal_is_append_only_and_tampering_is_detected(pg: str) -> None:
             conn.execute(f"UPDATE \"{schema}\".audit SET line = '{{x' WHERE seq = 3")
         with pytest.raises(AuditCorrupt, match="does not verify"):
             reg.events(limit=100)
+    # A damaged source is refused before anything is written to the target (it used to
+    # leave the damaged copy behind while saying nothing was written).
+    target = Path(tempfile.mkdtemp()) / "copy"
+    with pytest.raises(AuditCorrupt, match="source does not verify"):
+        copy_registry(pg, target)
+    assert not (target / "audit.jsonl").exists()
+
+
+def test_migrating_from_an_empty_schema_is_refused(pg: str, tmp_path: Path) -> None:
+    """A mistyped (so empty) schema as the source: refused, nothing copied; it used to "copy
+    0 events" and leave a target that failed verify."""
+    with pytest.raises(ValidationError, match="holds no registry"):
+        copy_registry(pg, tmp_path / "copy")
+    assert not (tmp_path / "copy" / "audit.jsonl").exists()
 
 
 # --- schemas ---------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ started are not copied (the copy is the journal as it stood when it began).
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ class MigrationReport:
     verify: VerifyReport
 
 
-def read_journal_lines(location: str, *, schema: str | None = None) -> Iterator[bytes]:
+def read_journal_lines(location: str, *, schema: str | None = None) -> Generator[bytes, None, None]:
     """The committed, sealed journal lines of a registry (each ending in a newline), checked
     against the hash chain as they are read; stops at the journal's end when the read began."""
     if is_url(location):
@@ -43,6 +44,10 @@ def read_journal_lines(location: str, *, schema: str | None = None) -> Iterator[
         store = PostgresStore(location, schema=schema)
         try:
             end = store.read().seq
+            checked = store.verify()  # (before anything is written: a file source is read
+            if not checked.ok:  # through the verifying reader, a damaged one stops at once)
+                raise AuditCorrupt(store.location, seq=checked.seq or 0, offset=0,
+                                   reason=f"the source does not verify: {checked.error}")
             for seq, text in store.iter_lines(0):
                 if seq > end:
                     break
@@ -107,7 +112,13 @@ def copy_registry(
         raise ValidationError("target", "is the source registry itself", value=dst)
     if not is_url(src) and not (Path(src) / "audit.jsonl").exists():
         raise ValidationError("source", "holds no registry (no audit.jsonl)", value=src)
-    lines = read_journal_lines(src, schema=src_schema)
+    source = read_journal_lines(src, schema=src_schema)
+    first = next(source, None)  # (read before the target is touched)
+    if first is None:
+        source.close()
+        raise ValidationError("source", "holds no registry (its journal is empty: a mistyped "
+                              "schema or directory?); nothing was copied")
+    lines = itertools.chain((first,), source)
     target = _open(dst, dst_schema)
     try:
         if is_url(dst):

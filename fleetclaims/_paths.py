@@ -34,13 +34,12 @@ def patterns(paths: Iterable[str] | None, shared: Iterable[str] | None
     return excl, sh
 
 
-def with_paths(grant: Grant, paths: Iterable[str] | None, shared: Iterable[str] | None,
-               remote: str | None = None) -> Grant:
-    """``grant`` asking to reserve ``paths`` (exclusive) and ``shared``."""
+def with_paths(grant: Grant, paths: Iterable[str] | None,
+               shared: Iterable[str] | None) -> Grant:
+    """``grant`` asking to reserve ``paths`` (exclusive) and ``shared`` (a claim on a git
+    remote's lease is refused them first: ``not_remote``)."""
     if paths is None and shared is None:
         return grant  # the common case: no reservations, nothing to check or copy
-    if remote:
-        not_remote(paths, shared)
     excl, sh = patterns(paths, shared)
     return replace(grant, paths=Reservation.of(excl, sh))
 

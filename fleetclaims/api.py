@@ -210,15 +210,15 @@ class Registry(QueueMethods):
         take_stale = validate.flag("take_stale", take_stale)
         preempt = validate.flag("preempt", preempt)
         wait = _wait.check_wait(wait)
-        if remote:
-            _paths.not_remote(paths, shared_paths)  # (refused, never dropped silently)
-        if (leases := self._leases(remote)) is not None:
+        if remote:  # (checked before the remote is looked up: refused, never dropped)
             _paths.not_remote(paths, shared_paths)
+        if (leases := self._leases(remote)) is not None:
+            _paths.not_remote(paths, shared_paths)  # (the registry's own remote)
             return leases.claim(task, take_stale, preempt, dict(owner=owner, token=token, ttl=ttl,
                                 priority=priority, note=note, metadata=metadata, process=process))
         raw, grant = self._grant(owner, token, ttl, priority=priority, note=note,
                                  metadata=metadata, process=process)
-        grant = _paths.with_paths(grant, paths, shared_paths, remote)
+        grant = _paths.with_paths(grant, paths, shared_paths)
 
         # The holder's liveness is probed before the lock (nothing slow under it): the decision
         # reuses that verdict when the holder is still the same process, else probes again.

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -408,6 +409,17 @@ def test_verify_fails_whenever_the_store_would_refuse(tmp_path: Path) -> None:
     assert _cli(e, "audit", "verify").returncode == 5
 
 
+def _flip_ts(d: Path, k: int) -> tuple[dict[str, Any], bytes]:
+    """Flip one bit inside the ts of journal line ``k`` (same length, seal broken): that
+    line's event as it was, and the damaged journal's bytes."""
+    lines, _ = journal_lines(d)
+    victim = orjson.loads(lines[k])
+    raw = bytearray((d / "audit.jsonl").read_bytes())
+    raw[sum(len(x) + 1 for x in lines[:k]) + 12] ^= 0x01
+    (d / "audit.jsonl").write_bytes(bytes(raw))
+    return victim, bytes(raw)
+
+
 def test_damage_in_the_middle_keeps_the_verified_remainder(tmp_path: Path) -> None:
     """One flipped byte in the middle of a ~145-event journal: doctor --fix keeps every line
     after it that verifies (a journal_break records seq and byte range), completed tasks stay
@@ -424,10 +436,7 @@ def test_damage_in_the_middle_keeps_the_verified_remainder(tmp_path: Path) -> No
     lines, _ = journal_lines(d)
     assert len(lines) >= 145
     k = 70
-    victim = orjson.loads(lines[k])
-    raw = bytearray((d / "audit.jsonl").read_bytes())
-    raw[sum(len(x) + 1 for x in lines[:k]) + 12] ^= 0x01  # inside the ts of line k
-    (d / "audit.jsonl").write_bytes(bytes(raw))
+    victim, raw = _flip_ts(d, k)
     report = doctor.check(d, fix=True)
     assert report.ok, report.to_dict()
     lost = [f for f in report.findings if f.kind == "claims_lost"]
@@ -470,12 +479,7 @@ def test_damage_in_the_middle_with_a_snapshot_keeps_the_history_after_it(
     reg.close()  # (claims.json at the head)
     if snapshot_at == "middle":
         (d / "claims.json").write_bytes(early)
-    lines, _ = journal_lines(d)
-    k = 4  # (t3's grant)
-    victim = orjson.loads(lines[k])
-    raw = bytearray((d / "audit.jsonl").read_bytes())
-    raw[sum(len(x) + 1 for x in lines[:k]) + 12] ^= 0x01  # inside the ts of line k
-    (d / "audit.jsonl").write_bytes(bytes(raw))
+    victim, raw = _flip_ts(d, 4)  # (t3's grant)
     report = doctor.check(d, fix=True)
     assert report.ok, report.to_dict()
     assert "segment_kept" in report.kinds()

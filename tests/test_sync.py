@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -148,17 +149,39 @@ def _rewrite(bare: Path, ref: str) -> None:
     git("update-ref", ref, commit, cwd=bare)
 
 
-@pytest.mark.parametrize("how", ["force-pushed", "deleted"])
-@pytest.mark.slow
-def test_rewritten_ref_is_detected_and_nothing_is_lost(tmp_path: Path, how: str) -> None:
-    """A fleetclaims ref force-pushed or deleted on the remote: the next sync of a clone that
-    saw it raises RemoteRewritten and changes nothing; --accept-rewritten goes on."""
+def _seen_by_both(tmp_path: Path) -> tuple[Path, Registry, Registry, str]:
+    """A remote and two clones: the first published a claim, the second synced it; the bare
+    remote, both registries and the first one's journal ref."""
     bare, (a, b) = remote_with_clones(tmp_path, 2)
     ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
     ra.claim("t", owner="alice", ttl=600)
     ra.sync("origin")
     rb.sync("origin")
-    ref = JOURNAL_NS + ra.store.read().origin
+    return bare, ra, rb, JOURNAL_NS + ra.store.read().origin
+
+
+def _commit_changed_journal(bare: Path, ref: str, change: Callable[[str], str]) -> None:
+    """Commit on top of ``ref`` a tree whose first journal chunk is ``change`` of the old one
+    (a push that extends the ref but alters its lines)."""
+    old = git("rev-parse", ref, cwd=bare)
+    entries = git("ls-tree", old, cwd=bare).splitlines()
+    blob = next(e for e in entries if "journal-" in e).split()[2]
+    data = change(git("cat-file", "blob", blob, cwd=bare) + "\n")
+    new_blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=bare, input=data,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    tree = subprocess.run(["git", "mktree"], cwd=bare, capture_output=True, text=True,
+                          check=True, input="\n".join(e.replace(blob, new_blob)
+                                                      for e in entries) + "\n").stdout.strip()
+    git("update-ref", ref, git("commit-tree", tree, "-p", old, "-m", "changed", cwd=bare),
+        cwd=bare)
+
+
+@pytest.mark.parametrize("how", ["force-pushed", "deleted"])
+@pytest.mark.slow
+def test_rewritten_ref_is_detected_and_nothing_is_lost(tmp_path: Path, how: str) -> None:
+    """A fleetclaims ref force-pushed or deleted on the remote: the next sync of a clone that
+    saw it raises RemoteRewritten and changes nothing; --accept-rewritten goes on."""
+    bare, ra, rb, ref = _seen_by_both(tmp_path)
     if how == "deleted":
         git("update-ref", "-d", ref, cwd=bare)
     else:
@@ -186,18 +209,7 @@ def test_tampered_history_does_not_verify(tmp_path: Path) -> None:
     rc.sync("origin")
     # the history merged last (in origin order) is the damaged one
     ref = JOURNAL_NS + max(ra.store.read().origin, rc.store.read().origin)
-    old = git("rev-parse", ref, cwd=bare)
-    entries = git("ls-tree", old, cwd=bare).splitlines()
-    name = next(e for e in entries if "journal-" in e)
-    blob = name.split()[2]
-    data = git("cat-file", "blob", blob, cwd=bare).replace('"owner":"', '"owner":"x') + "\n"
-    new_blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=bare, input=data,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    tree = subprocess.run(["git", "mktree"], cwd=bare, capture_output=True, text=True,
-                          check=True, input="\n".join(e.replace(blob, new_blob)
-                                                      for e in entries) + "\n").stdout.strip()
-    commit = git("commit-tree", tree, "-p", old, "-m", "tampered", cwd=bare)
-    git("update-ref", ref, commit, cwd=bare)
+    _commit_changed_journal(bare, ref, lambda text: text.replace('"owner":"', '"owner":"x'))
     before = _events(rb)
     with pytest.raises(RemoteRewritten, match="does not verify"):
         rb.sync("origin")
@@ -292,22 +304,8 @@ def test_a_copied_registry_never_pushes_over_its_twin(tmp_path: Path) -> None:
 def test_a_fleetclaims_ref_with_lines_that_are_not_json_is_refused_typed(tmp_path: Path) -> None:
     """A commit pushed on top of a seen journal ref whose journal is not JSON lines: the next
     sync says the ref was rewritten (exit 5), not an internal error (JSONDecodeError)."""
-    bare, (a, b) = remote_with_clones(tmp_path, 2)
-    ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
-    ra.claim("t", owner="alice", ttl=600)
-    ra.sync("origin")
-    rb.sync("origin")
-    ref = JOURNAL_NS + ra.store.read().origin
-    old = git("rev-parse", ref, cwd=bare)
-    entries = git("ls-tree", old, cwd=bare).splitlines()
-    name = next(e for e in entries if "journal-" in e)
-    blob = name.split()[2]
-    junk = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=bare, input="junk\n" * 9,
-                          capture_output=True, text=True, check=True).stdout.strip()
-    tree = subprocess.run(["git", "mktree"], cwd=bare, capture_output=True, text=True,
-                          check=True, input="\n".join(e.replace(blob, junk)
-                                                      for e in entries) + "\n").stdout.strip()
-    git("update-ref", ref, git("commit-tree", tree, "-p", old, "-m", "junk", cwd=bare), cwd=bare)
+    bare, _, rb, ref = _seen_by_both(tmp_path)
+    _commit_changed_journal(bare, ref, lambda text: "junk\n" * 9)
     before = _events(rb)
     with pytest.raises(RemoteRewritten):
         rb.sync("origin")

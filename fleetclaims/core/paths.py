@@ -136,9 +136,10 @@ def _wild(segment: str) -> bool:
 def _segments_meet(a: str, b: str) -> bool:
     """Whether some non-empty segment matches both globs (``*``, ``?``, literals).
 
-    Reachability in the product of the two glob automata: a state is a position in each; a
-    ``*`` may be skipped (epsilon) or consume a character staying put; ``?`` and literals
-    consume one. Two single-character matchers agree unless both are different literals."""
+    Defined as reachability in the product of the two glob automata (a ``*`` skipped or
+    consuming a character, ``?`` and literals consuming one; tests/test_paths.py keeps that
+    definition and checks these against it), decided here in linear time: the product is
+    quadratic, and 256 patterns of long segments held the lock for minutes."""
     if not _wild(a) or not _wild(b):
         return glob_match(b, a) if not _wild(a) else glob_match(a, b)
     if "*" in a and "*" in b:
@@ -146,39 +147,16 @@ def _segments_meet(a: str, b: str) -> bool:
         # and their parts after the last star agree (character by character, ``?`` agreeing
         # with anything, over the shorter length). Then a word made of the longer prefix,
         # a's middle, b's middle and the longer suffix matches both (each one's stars take
-        # the other's parts). Linear, where the product below is quadratic: 256 patterns of
-        # long segments held the lock for minutes.
+        # the other's parts).
         pa, pb = a[: a.index("*")], b[: b.index("*")]
         sa, sb = a[a.rindex("*") + 1 :], b[b.rindex("*") + 1 :]
         return _agree(pa, pb) and _agree(sa[::-1], sb[::-1])
-    if "*" not in b:
-        return _meet_fixed(a, b)
-    if "*" not in a:
-        return _meet_fixed(b, a)
-    seen: set[tuple[int, int]] = set()  # (not reached: kept as the definition)
-    todo = [(0, 0)]
-    la, lb = len(a), len(b)
-    while todo:
-        i, j = todo.pop()
-        if (i, j) in seen:
-            continue
-        seen.add((i, j))
-        if i == la and j == lb:
-            return True
-        ca = a[i] if i < la else ""
-        cb = b[j] if j < lb else ""
-        if ca == "*":
-            todo.append((i + 1, j))
-        if cb == "*":
-            todo.append((i, j + 1))
-        if ca and cb and (ca in "*?" or cb in "*?" or ca == cb):
-            todo.append((i if ca == "*" else i + 1, j if cb == "*" else j + 1))
-    return False
+    return _meet_fixed(a, b) if "*" not in b else _meet_fixed(b, a)
 
 
 def _meet_fixed(glob: str, fixed: str) -> bool:
     """Whether ``glob`` matches some word that the star-free ``fixed`` (literals and ``?``)
-    matches: the product above run on bit masks of the positions in ``fixed`` (one integer
+    matches: the product automaton run on bit masks of the positions in ``fixed`` (one integer
     operation per character of ``glob``)."""
     n = len(fixed)
     everything = (1 << (n + 1)) - 1

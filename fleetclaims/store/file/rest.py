@@ -217,8 +217,7 @@ def _settle_helper(directory: str) -> int:
     background_priority(10, session=True)
     from pathlib import Path
 
-    from ...system import SystemClock
-    from .store import JOURNAL, LOCK, FileStore
+    from .store import JOURNAL, LOCK
 
     fd = os.open(Path(directory) / LOCK, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
@@ -233,14 +232,25 @@ def _settle_helper(directory: str) -> int:
             break
     # Released before catching up: a write after this point starts a helper of its own.
     fcntl.lockf(fd, fcntl.LOCK_UN, 1, SETTLE_BYTE)
+    checkpoint_lagging(directory)
+    return 0
+
+
+def checkpoint_lagging(directory: str) -> None:
+    """claims.json brought to the journal head this process reads, if it lags: written
+    without the registry lock (a writer that started meanwhile must not wait ~0.3 s for
+    100,000 claims to be encoded: it did, 300 ms operations at 100,000 claims) and never
+    over a newer snapshot."""
+    from ...system import SystemClock
+    from .store import FileStore
+
     store = FileStore(directory, clock=SystemClock(), create=False)
     try:
         store.read()
         if store.lagging():
-            store.checkpoint()
+            store.leave_snapshot()
     finally:
         store.close()
-    return 0
 
 
 # A busy writer's checkpoint of a large snapshot (encoding 100,000 claims costs ~0.35 s of CPU)

@@ -428,3 +428,30 @@ def test_markers_of_sealing_helpers_long_gone_are_swept(tmp_path: Path) -> None:
     os.utime(old, (past, past))
     preseal._sweep(folder)
     assert not old.exists() and fresh.exists()
+
+
+@pytest.mark.parametrize("left", [0, 1, 7, 8, 9, 20])
+def test_a_reader_stopping_early_never_waits_forever(tmp_path: Path, left: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page of ``events(after=, limit=)`` ends inside a large segment: the reader stops
+    taking blocks while the thread decompressing ahead may have finished the file and be
+    handing over its end with the queue full. That hand-over once blocked for good and the
+    reader's join with it (bench/run.py's audit section hung on a 1,000,000-event registry)."""
+    import threading
+    import time
+
+    monkeypatch.setattr(segments, "BLOCK", 100)
+    monkeypatch.setattr(segments, "PREFETCH_MIN", 0)
+    (tmp_path / segments.DIRNAME).mkdir()
+    lines = [json.dumps({"seq": i, "pad": "x" * 60}).encode() for i in range(1, 301)]
+    seg = segments.seal(tmp_path, b"\n".join(lines) + b"\n", 1, 300, sync=False)
+    blocks = sum(1 for _ in segments.read_blocks(seg))
+    assert blocks > 30
+    reader = segments.read_blocks(seg)
+    for _ in range(max(1, blocks - left)):
+        next(reader, None)
+    time.sleep(0.3)  # (the thread ahead has filled the queue, or reached the end)
+    closer = threading.Thread(target=reader.close, daemon=True)
+    closer.start()
+    closer.join(timeout=10)
+    assert not closer.is_alive(), "closing the segment reader hung"

@@ -123,20 +123,26 @@ def read_blocks(seg: Segment) -> Iterator[list[bytes]]:
     ahead: queue.Queue[Any] = queue.Queue(maxsize=8)
     stop = threading.Event()
 
+    def hand(item: Any) -> bool:
+        """Queue ``item`` unless the reader has stopped: every hand-over, the end and an
+        error too (a plain put blocked for good when a reader stopped 8 blocks before the
+        end, and so did the reader's join)."""
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def work() -> None:
         try:
             for block in _blocks(seg):
-                while not stop.is_set():
-                    try:
-                        ahead.put(block, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not hand(block):
                     return
-            ahead.put(None)
+            hand(None)
         except BaseException as exc:  # handed to the reader, raised there
-            ahead.put(exc)
+            hand(exc)
 
     worker = threading.Thread(target=work, name="fleetclaims-segment-read", daemon=True)
     worker.start()
@@ -147,6 +153,8 @@ def read_blocks(seg: Segment) -> Iterator[list[bytes]]:
             yield item
     finally:
         stop.set()
+        with contextlib.suppress(queue.Empty):  # (wakes a hand-over waiting for room now)
+            ahead.get_nowait()
         worker.join()
 
 

@@ -439,6 +439,7 @@ def test_a_reader_stopping_early_never_waits_forever(tmp_path: Path, left: int,
     reader's join with it (bench/run.py's audit section hung on a 1,000,000-event registry)."""
     import threading
     import time
+    from collections.abc import Generator
 
     monkeypatch.setattr(segments, "BLOCK", 100)
     monkeypatch.setattr(segments, "PREFETCH_MIN", 0)
@@ -448,6 +449,7 @@ def test_a_reader_stopping_early_never_waits_forever(tmp_path: Path, left: int,
     blocks = sum(1 for _ in segments.read_blocks(seg))
     assert blocks > 30
     reader = segments.read_blocks(seg)
+    assert isinstance(reader, Generator)
     for _ in range(max(1, blocks - left)):
         next(reader, None)
     time.sleep(0.3)  # (the thread ahead has filled the queue, or reached the end)

@@ -25,15 +25,8 @@ from ..base import VerifyReport
 from . import fsutil, rotation, segments
 from .journal import apply_checked, check_event
 from .lock import RegistryLock
-from .reader import (
-    CATCH_UP_CHUNK,
-    JournalReader,
-    archived_through,
-    events_after,
-    snapshot_problem,
-    task_lines,
-    verify_fd,
-)
+from .midway import archived_through, events_after, task_lines
+from .reader import CATCH_UP_CHUNK, JournalReader, snapshot_problem, verify_fd
 from .snapshot import Snapshot, read_snapshot
 
 JOURNAL = "audit.jsonl"

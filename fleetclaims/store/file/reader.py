@@ -38,7 +38,7 @@ CATCH_UP_CHUNK = 4096
 _RAW, _LINKS, _EVENTS = 0, 1, 2  # what JournalReader._scan does with each line
 
 __all__ = [
-    "CATCH_UP_CHUNK", "CHUNK", "Damage", "JournalReader", "at_archive", "at_offset", "events_after",
+    "CATCH_UP_CHUNK", "CHUNK", "Damage", "JournalReader", "at_archive", "at_offset",
     "find_offset", "first_nonzero", "first_nul", "iter_lines", "verify_fd",
 ]
 
@@ -192,7 +192,14 @@ class JournalReader:
         self.seq, self.prev = anchor.seq, anchor.hash
         return [seg for seg in sealed if seg.last > anchor.seq]
 
-    def _sealed(self, mode: int, sealed: list[segments.Segment]) -> Iterator[Any]:
+    def sealed_events(self, sealed: list[segments.Segment],
+                      start: int) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
+        """``events()`` of ``sealed`` only, the first read from its gzip member at ``start``
+        (``seq`` and ``prev`` set to where that member begins)."""
+        return self._sealed(_EVENTS, sealed, start)
+
+    def _sealed(self, mode: int, sealed: list[segments.Segment],
+                start: int = 0) -> Iterator[Any]:
         """The lines of the sealed segments, checked as the active journal's (offset 0)."""
         missing = segments.gap(sealed, self.seq + 1)
         if missing is not None:
@@ -206,7 +213,7 @@ class JournalReader:
             if seg.last <= seq:
                 continue
             try:
-                for lines in segments.read_blocks(seg):
+                for lines in segments.read_blocks(seg, start if seg is sealed[0] else 0):
                     for line in lines:
                         seq += 1
                         try:
@@ -349,115 +356,6 @@ def find_offset(fd: int, after_seq: int, lo: int, hi: int, lo_seq: int) -> int:
         if seq is not None and seq > after_seq:
             return off
     return hi
-
-
-def events_after(fd: int, path: str, after: int, end: int) -> Iterator[dict[str, Any]]:
-    """The events with seq > ``after`` in the journal's bytes before ``end`` (which this process
-    has read and checked already); closes ``fd`` when done."""
-    try:
-        sealed = segments.sealed(Path(path).parent)
-        if sealed and after < sealed[-1].last:  # from the sealed segments on
-            reader = JournalReader(fd, path, end=end, from_anchor=True)
-            for _, _, event in reader.events():
-                if event["seq"] > after:
-                    yield event
-            if reader.damage is not None:
-                raise reader.corrupt()
-            return
-        start = find_offset(fd, after, 0, end, 0)
-        seq, prev = 0, GENESIS
-        before = line_before(fd, start)
-        if before is not None:  # the chain goes on from the line before
-            event = orjson.loads(before[1])
-            seq, prev = event["seq"], event["hash"]
-        elif sealed:  # the first line of the active journal: it goes on from the sealed ones
-            first = next(iter_lines(fd, 0, end), None)
-            if first is None or not first[2]:
-                return
-            event = orjson.loads(first[1])
-            seq, prev = event["seq"] - 1, event["prev"]
-        reader = JournalReader(fd, path, offset=start, seq=seq, prev=prev, end=end,
-                               from_anchor=True)
-        for _, _, event in reader.events():
-            yield event
-        if reader.damage is not None:  # the bytes changed since this process read them
-            raise reader.corrupt()
-    finally:
-        os.close(fd)
-
-
-def archived_through(directory: Path) -> int:
-    """The seq up to which events were archived (`audit archive`; 0: none)."""
-    try:
-        found = archive.read_anchor(directory)
-    except ArchiveMismatch:
-        return 0  # (named by every read that needs the archive)
-    return 0 if found is None else found.seq
-
-
-def _no_gap(sealed: list[segments.Segment], directory: Path) -> None:
-    """SegmentDamaged when sealed segments are missing (after the archive's anchor, if any):
-    a task's history read without them would look shorter than it is."""
-    start = archived_through(directory) + 1 if sealed and sealed[0].first > 1 else 1
-    missing = segments.gap(sealed, start)
-    if missing is not None:
-        raise SegmentDamaged(str(directory / segments.DIRNAME), seq=missing[0], offset=0, reason=(
-            f"sealed segment(s) with seq {missing[0]}..{missing[1]} missing from "
-            f"{directory / segments.DIRNAME}: put the file back (from a backup or the archive "
-            "directory) and run `fleetclaims audit verify`"))
-
-
-def task_lines(fd: int, path: str, task: str, end: int) -> Iterator[dict[str, Any]]:
-    """The events whose ``task`` is ``task``, and merges, among the lines before ``end``: large
-    chunks of whole lines are searched for the bytes (no per-line Python work: ~0.3 s a 400 MB
-    journal), then each candidate line's seal is checked and it is parsed, in journal order;
-    closes ``fd`` when done. (Not mmap: a journal cut back under a mapping raises SIGBUS.)"""
-    needles = (b'"task":' + orjson.dumps(task), b'"type":"registries_merged"')
-    size = CHUNK * 8
-    try:
-        sealed = segments.sealed(Path(path).parent)
-        _no_gap(sealed, Path(path).parent)
-        for seg in sealed:  # through each one's index of the task's blocks
-            try:
-                for _, line in segments.task_lines(seg, task):
-                    yield from _task_event(line, task, str(seg.path), 0)
-            except segments.SegmentError as exc:
-                raise SegmentDamaged(str(seg.path), seq=exc.seq, offset=0,
-                                     reason=exc.reason) from None
-        skip = sealed[-1].last if sealed else 0  # (lines sealed by a rotation cut short)
-        pos = 0
-        while pos < end:
-            chunk = os.pread(fd, min(size, end - pos), pos)
-            cut = chunk.rfind(b"\n") + 1
-            if not cut:  # no whole line (a line longer than the chunk, or the end moved)
-                if len(chunk) < min(size, end - pos):
-                    return
-                size *= 2
-                continue
-            starts: set[int] = set()
-            for needle in needles:
-                at = chunk.find(needle, 0, cut)
-                while at >= 0:
-                    starts.add(chunk.rfind(b"\n", 0, at) + 1)
-                    at = chunk.find(needle, chunk.find(b"\n", at, cut) + 1, cut)
-            for line_at in sorted(starts):
-                line = chunk[line_at : chunk.find(b"\n", line_at, cut)]
-                if skip and (seq_of(line) or 0) <= skip:
-                    continue
-                yield from _task_event(line, task, path, pos + line_at)
-            pos += cut
-    finally:
-        os.close(fd)
-
-
-def _task_event(line: bytes, task: str, path: str, offset: int) -> Iterator[dict[str, Any]]:
-    try:
-        check_seal(line)
-        event = orjson.loads(line)
-    except (ChainError, orjson.JSONDecodeError) as exc:
-        raise AuditCorrupt(path, seq=seq_of(line) or 0, offset=offset, reason=str(exc)) from None
-    if event.get("task") == task or event.get("type") == "registries_merged":
-        yield event
 
 
 def verify_fd(

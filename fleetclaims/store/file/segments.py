@@ -107,16 +107,17 @@ def read_lines(seg: Segment) -> Iterator[bytes]:
         yield from lines
 
 
-def read_blocks(seg: Segment) -> Iterator[list[bytes]]:
+def read_blocks(seg: Segment, start: int = 0) -> Iterator[list[bytes]]:
     """``read_lines`` a list of lines at a time (no generator resumption per line: verify and
-    replay read every line of every segment). A large segment is decompressed by a helper
-    thread a few blocks ahead (zlib releases the GIL), overlapping the caller's hashing."""
+    replay read every line of every segment), from the gzip member at byte ``start``. A large
+    segment is decompressed by a helper thread a few blocks ahead (zlib releases the GIL),
+    overlapping the caller's hashing."""
     try:
         size = seg.path.stat().st_size
     except FileNotFoundError:
         size = 0
-    if size < PREFETCH_MIN:
-        yield from _blocks(seg)
+    if size - start < PREFETCH_MIN:
+        yield from _blocks(seg, start)
         return
     import queue  # (here: a cold command that reads no large segment saves ~3 ms)
 
@@ -137,7 +138,7 @@ def read_blocks(seg: Segment) -> Iterator[list[bytes]]:
 
     def work() -> None:
         try:
-            for block in _blocks(seg):
+            for block in _blocks(seg, start):
                 if not hand(block):
                     return
             hand(None)
@@ -158,7 +159,7 @@ def read_blocks(seg: Segment) -> Iterator[list[bytes]]:
         worker.join()
 
 
-def _blocks(seg: Segment) -> Iterator[list[bytes]]:
+def _blocks(seg: Segment, start: int = 0) -> Iterator[list[bytes]]:
     try:
         fd = os.open(seg.path, os.O_RDONLY)
     except FileNotFoundError:
@@ -168,7 +169,7 @@ def _blocks(seg: Segment) -> Iterator[list[bytes]]:
         pending = b""
         d = zlib.decompressobj(wbits=31)
         started = False  # d has been fed the start of a member that has not ended yet
-        pos = 0
+        pos = start
         while True:
             chunk = os.pread(fd, 1 << 20, pos)
             if not chunk:
@@ -373,6 +374,43 @@ def task_lines(seg: Segment, task: str) -> Iterator[tuple[int, bytes]]:
         for line in _block_lines(seg, offset, length):
             if needle in line or merge in line:
                 yield 0, line
+
+
+def resume_point(seg: Segment, after: int) -> tuple[int, int, str] | None:
+    """Where a read of the events after seq ``after`` (within ``seg``) can start: (byte offset
+    of the gzip member holding seq ``after`` + 1, the seq before that member's first line, the
+    hash that line links to), found by a binary search over the index's members (each probe
+    decompresses one, ~1 ms). None when the index is unreadable or does not fit the file: the
+    caller reads the segment from its start."""
+    index = _indexed(seg)
+    blocks = index.get("blocks") if index is not None else None
+    if not isinstance(blocks, list) or not blocks or not seg.first <= after + 1 <= seg.last:
+        return None
+
+    def first_of(n: int) -> tuple[int, int, str] | None:
+        try:
+            offset, length = blocks[n]
+            line = _block_lines(seg, int(offset), int(length))[0]
+            event = orjson.loads(line)
+            seq, prev = event["seq"], event["prev"]
+        except (SegmentError, OSError, IndexError, KeyError, TypeError, ValueError):
+            return None
+        return (int(offset), seq - 1, prev) if type(seq) is int and type(prev) is str else None
+
+    lo, hi = 0, len(blocks) - 1  # the last member whose first line is at most after + 1
+    best = first_of(0)
+    if best is None or best[1] != seg.first - 1:
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        probe = first_of(mid)
+        if probe is None:
+            return None
+        if probe[1] + 1 <= after + 1:
+            lo, best = mid, probe
+        else:
+            hi = mid - 1
+    return best
 
 
 def last_link(seg: Segment) -> tuple[int, str]:

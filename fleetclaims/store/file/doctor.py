@@ -25,7 +25,7 @@ from typing import Any
 
 from ...core.errors import FleetclaimsError, HistoryLost, RegistryCorrupt
 from ...core.ports import ClaimView
-from ...system import SystemClock
+from ...system import SystemClock, pid_exists
 from . import doctor_history, fsutil, reserialised, segments
 from .faults import crash_point
 from .lock import RegistryLock
@@ -89,13 +89,22 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
         return report
     _check_temp_files(path, report, fix)
     _check_quarantine(path, report)
-    generation = _lock_generation(path)
-    snapshot, snap_problem = _read_snapshot(path)
-    journal: JournalScan | None = scan_journal(path, snapshot)
-    assert journal is not None
-    needs_salvage = _check_journal(path, journal, snapshot, report)
-    snap_finding = _check_snapshot(path, journal, snapshot, snap_problem, report)
-    history_fix = doctor_history.check(path, journal, snapshot, report)
+    # Examined under the registry lock: a writer appending meanwhile (over its preallocated
+    # zeros) or checkpointing made a healthy busy registry look broken ("data after unused
+    # space", "snapshot ahead"), and --fix then salvaged it. Writers wait for the scan.
+    examine = RegistryLock(path / LOCK, timeout=30.0)
+    examine.open()
+    try:
+        with examine.held():
+            generation = examine.generation()
+            snapshot, snap_problem = _read_snapshot(path)
+            journal: JournalScan | None = scan_journal(path, snapshot)
+            assert journal is not None
+            needs_salvage = _check_journal(path, journal, snapshot, report)
+            snap_finding = _check_snapshot(path, journal, snapshot, snap_problem, report)
+            history_fix = doctor_history.check(path, journal, snapshot, report)
+    finally:
+        examine.close()
     if not fix:
         return report
     pending = [f for f in report.findings if not f.fixed and f.severity != INFO]
@@ -238,6 +247,9 @@ def _check_files(path: Path, report: DoctorReport, fix: bool) -> bool:
 def _check_temp_files(path: Path, report: DoctorReport, fix: bool) -> None:
     for entry in sorted(os.scandir(path), key=lambda e: e.name):
         if entry.name.startswith((TMP_PREFIX, DOCTOR_TMP)) and entry.is_file(follow_symlinks=False):
+            pid = entry.name.removeprefix(TMP_PREFIX).split("-", 1)[0]
+            if entry.name.startswith(TMP_PREFIX) and pid.isdigit() and pid_exists(int(pid)):
+                continue  # a live writer's checkpoint in progress (written outside the lock)
             finding = report.add("temp_file", f"stray temp file {entry.name} (left by a writer "
                                  "that died mid-checkpoint or mid-repair)", WARNING)
             if fix:

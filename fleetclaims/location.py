@@ -19,6 +19,12 @@ def resolve(path: str | os.PathLike[str] | None = None, cwd: Path | None = None)
         return _absolute(_path_text(path, "registry location"), "registry location")
     url = os.environ.get("FLEETCLAIMS_URL")
     if url:
+        if not is_url(url.strip()):  # (a typo must not become a local registry of its own)
+            from .core.errors import ValidationError
+
+            raise ValidationError("FLEETCLAIMS_URL", "is not a postgresql:// URL (the form is "
+                                  "postgresql://user@host:port/database; for a directory set "
+                                  "FLEETCLAIMS_DIR instead)")  # (no echo: it may hold a password)
         return _absolute(url, "FLEETCLAIMS_URL")
     env_dir = os.environ.get("FLEETCLAIMS_DIR")
     if env_dir:
@@ -66,15 +72,21 @@ def _absolute(text: str, field: str) -> str:
 
 
 def _check_scheme(text: str) -> None:
-    """A URL of a scheme we do not serve is a mistake, not a directory name to create."""
+    """A URL of a scheme we do not serve is a mistake, not a directory name to create; so is
+    a mistyped PostgreSQL URL ("postgresql:/host/db"): a local registry made of it would let
+    two machines each hold the same task."""
+    from .core.errors import ValidationError
+
     scheme, sep, _ = text.partition("://")
     if sep and scheme.isalnum() and not is_url(text):
-        from .core.errors import ValidationError
-
         raise ValidationError(
             "registry location", f"{scheme}:// is not supported; use a directory or a "
-            "postgresql:// URL", value=text,
-        )
+            "postgresql:// URL")  # (no echo: a URL may hold a password)
+    if not is_url(text) and text.lower().startswith(("postgresql:", "postgres:")):
+        raise ValidationError(
+            "registry location", "looks like a mistyped PostgreSQL URL; the form is "
+            "postgresql://user@host:port/database (a directory of that name: write ./ before "
+            "it)")
 
 
 def git_main_worktree(start: Path) -> Path | None:

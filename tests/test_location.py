@@ -73,6 +73,32 @@ def test_unusable_registry_paths_are_refused(tmp_path: Path, monkeypatch: pytest
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("env, path", [
+    ("postgresql:/u:secret@127.0.0.1:5432/claims", None),  # one slash
+    ("u:secret@127.0.0.1:5432/claims", None),  # no scheme
+    (None, "postgresql:/u:secret@127.0.0.1:5432/claims"),
+    (None, "postgres:claims"),
+])
+def test_a_mistyped_postgresql_url_never_becomes_a_local_registry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str | None,
+        path: str | None) -> None:
+    """A typo in FLEETCLAIMS_URL (or --dir) made a file registry in the current directory,
+    named after the URL, password and all: two machines each held the same task. Refused,
+    typed, without the password in the message, and nothing is created."""
+    import fleetclaims
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FLEETCLAIMS_DIR", raising=False)
+    if env is None:
+        monkeypatch.delenv("FLEETCLAIMS_URL", raising=False)
+    else:
+        monkeypatch.setenv("FLEETCLAIMS_URL", env)
+    with pytest.raises(fleetclaims.ValidationError) as caught:
+        fleetclaims.Registry(path).claim("t", owner="a")
+    assert "secret" not in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_only_a_write_creates_a_registry(tmp_path: Path) -> None:
     """create=False, a read command and merge never create anything where there is no
     registry (no stray claims.lock); a write to a directory that does not exist creates it,
@@ -144,3 +170,20 @@ def test_lock_timeout_from_the_environment_is_typed(tmp_path: Path,
     monkeypatch.setenv("FLEETCLAIMS_LOCK_TIMEOUT", " 2.5 ")
     reg = fleetclaims.Registry(tmp_path / "reg")
     assert reg.store.lock_timeout == 2.5  # type: ignore[attr-defined]
+
+
+def test_postgresql_urls_are_checked_before_anything_is_sent() -> None:
+    """A URL libpq would refuse is a ValidationError (was a raw psycopg.ProgrammingError, also
+    from merge), without the password; the Unix-socket form (no host, ?host=/dir) is kept
+    whole (its "//" was dropped, and libpq refused what was left)."""
+    pytest.importorskip("psycopg")
+    import fleetclaims
+    from fleetclaims.store.postgres.schema import parse_location
+
+    conninfo, _, shown = parse_location("postgresql:///claims?host=/run/pg&port=5433&user=u")
+    assert conninfo.startswith("postgresql:///claims?") and shown.startswith("postgresql:///")
+    assert parse_location("postgresql://")[2] == "postgresql://?schema=fleetclaims"
+    for bad in ("postgresql://u:secret@h/db?foo=bar", "postgresql://u:secret@h/db?no_such=1"):
+        with pytest.raises(fleetclaims.ValidationError) as caught:
+            fleetclaims.Registry(bad).claim("t", owner="a")
+        assert "secret" not in str(caught.value)

@@ -30,9 +30,10 @@ import hashlib
 import os
 import re
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from ...core.errors import AccessDenied, SchemaMismatch, StoreUnavailable, ValidationError
 from ...core.model import GENESIS
@@ -269,14 +270,22 @@ def parse_location(url: str, schema: str | None = None) -> tuple[str, str, str]:
             "schema", "must be 1-63 characters of a-z, 0-9 and _, not starting with a digit",
             value=chosen,
         )
-    conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), ""))
+    # (not urlunsplit: it drops the "//" of a URL without a host, the Unix-socket form
+    # postgresql:///db?host=/run/postgresql, which libpq then refused)
+    query_text = urlencode(rest)
+    conninfo = f"{parts.scheme}://{parts.netloc}{parts.path}" + (
+        f"?{query_text}" if query_text else "")
+    try:
+        conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:  # refused before anything is sent
+        reason = str(exc).strip().replace(url, "<url>").replace(conninfo, "<url>")
+        raise ValidationError("url", f"is not a valid PostgreSQL URL ({reason}); the form is "
+                              "postgresql://user@host:port/database") from None
     netloc = parts.netloc
     if "@" in netloc:
         userinfo, _, hostport = netloc.rpartition("@")
         netloc = userinfo.split(":", 1)[0] + "@" + hostport
-    shown = urlunsplit(
-        (parts.scheme, netloc, parts.path, urlencode([*rest, ("schema", chosen)]), "")
-    )
+    shown = f"{parts.scheme}://{netloc}{parts.path}?{urlencode([*rest, ('schema', chosen)])}"
     return conninfo, chosen, shown
 
 

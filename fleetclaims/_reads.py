@@ -4,11 +4,12 @@ and a time, so ``api.Registry`` only validates arguments and reads the store."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .core import queue, rules
+from .core.errors import AuditCorrupt
 from .core.model import ACTIVE, COMPLETED, EXPIRED, Claim, Now
 from .store.base import Event, EventPage, Store
 
@@ -107,6 +108,20 @@ def count(state: State, now: Now) -> Stats:
     )
 
 
+def verified_part(store: Store,
+                  events: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """``events`` up to the first damaged line, which the store then names (its ``damage``,
+    logged): a reviewer sees what verifies (guarantee 6). A store that cannot name it, and a
+    damaged or missing sealed segment (restore it), still raise."""
+    try:
+        yield from events
+    except AuditCorrupt as exc:
+        note = getattr(store, "note_damage", None)
+        if type(exc) is not AuditCorrupt or note is None:
+            raise
+        note(exc)
+
+
 def events(store: Store, after: int, limit: int, wanted: frozenset[str] | set[str] | None,
            task: str | None, owner: str | None, since: float | None,
            until: float | None) -> EventPage:
@@ -115,13 +130,13 @@ def events(store: Store, after: int, limit: int, wanted: frozenset[str] | set[st
     quick = None if task is None else getattr(store, "task_events", None)
     if quick is not None:
         head = store.read().seq  # (before the read: no later line is skipped)
-        page = event_page((e for e in quick(task) if e["seq"] > after), after, limit, wanted,
-                          task, owner, since, until)
+        page = event_page((e for e in verified_part(store, quick(task)) if e["seq"] > after),
+                          after, limit, wanted, task, owner, since, until)
         if page.more:
             return page
         return EventPage(page.events, max(page.next_cursor, head), False)
-    return event_page(store.iter_events(after), after, limit, wanted, task, owner, since,
-                      until)
+    return event_page(verified_part(store, store.iter_events(after)), after, limit, wanted,
+                      task, owner, since, until)
 
 
 def event_page(events: Iterable[dict[str, Any]], after: int, limit: int,

@@ -474,7 +474,7 @@ class Registry(QueueMethods):
         task = validate.task(task)
         quick = getattr(self.store, "task_events", None)  # (the file store: a bytes filter)
         if quick is not None:
-            found = list(quick(task))
+            found = list(_reads.verified_part(self.store, quick(task)))
             return explain(task, found, getattr(self.store, "archived_through", int)())
         return explain(task, [e for e in self.store.iter_events(0)
                               if e.get("task") == task or e.get("type") == "registries_merged"])

@@ -245,3 +245,37 @@ def test_review_commands_on_a_damaged_journal_exit_0(tmp_path: Path) -> None:
         assert "seq 4" in done.stderr, args
     assert run("audit", "verify").returncode == 5
     assert run("claim", "x", "--owner", "b").returncode == 5
+
+
+def test_event_reads_stop_at_damage_before_the_snapshot(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At rest claims.json is at the journal head, so damage in any older line lies before
+    it: the state loads without reading it, but audit, events, explain and audit report read
+    every line and once exited 5 with nothing shown. They show the events up to the damage,
+    name it on stderr and in ``damage``, and exit 0; an export writes the verified part and
+    exits 5 (a copy that is not whole)."""
+    from fleetclaims.cli import main
+
+    d = tmp_path / "r"
+    reg = Registry(d)
+    for i in range(4):
+        reg.claim(f"t{i}", owner="a")
+    reg.close()  # (at rest: claims.json at the head, seq 5)
+    raw = bytearray((d / "audit.jsonl").read_bytes())
+    raw[sum(len(x) + 1 for x in bytes(raw).split(b"\n")[:3]) + 20] ^= 0x01  # seq 4
+    (d / "audit.jsonl").write_bytes(bytes(raw))
+    assert {c.task for c in Registry(d).claims()} == {"t0", "t1", "t2", "t3"}
+    monkeypatch.setenv("FLEETCLAIMS_DIR", str(d))
+    for args in (["audit"], ["events"], ["explain", "t2"],
+                 ["audit", "report", "--html", str(tmp_path / "r.html")]):
+        doc = _json(capsys, *args)
+        assert doc["damage"]["from_seq"] == 4, args
+    assert [e["seq"] for e in _json(capsys, "audit")["events"]] == [1, 2, 3]
+    caplog.clear()
+    assert main(["audit"]) == 0
+    out, _ = capsys.readouterr()
+    assert "showing the verified events only (up to seq 3)" in caplog.text and "t1" in out
+    assert main(["audit", "export", "-o", str(tmp_path / "x.jsonl")]) == 5
+    capsys.readouterr()
+    assert len((tmp_path / "x.jsonl").read_text().splitlines()) == 3

@@ -168,7 +168,9 @@ def _audit_export(args: argparse.Namespace, reg: Registry, filters: dict[str, An
         sys.stderr.write(f"wrote {len(events)} events to {args.output}\n")
     else:
         sys.stdout.write(text)
-    return EXIT_OK
+    # A damaged journal: the verified part is written and the damage named on stderr, but an
+    # export feeds other systems, so its exit says the copy is not whole.
+    return EXIT_DAMAGED if getattr(reg.store, "damage", None) is not None else EXIT_OK
 
 
 def _audit_report(args: argparse.Namespace, out: Out, reg: Registry,

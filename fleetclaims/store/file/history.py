@@ -120,6 +120,17 @@ class History(CatchUp):
         self.damage = None
         return state
 
+    def note_damage(self, exc: AuditCorrupt) -> None:
+        """A read of the events (audit, explain, a report) stopped at damage before the
+        snapshot, which the load does not read: named as the load's own damage is."""
+        if self.damage is None or str(self.damage) != str(exc):
+            import logging
+
+            logging.getLogger("fleetclaims").warning(
+                "fleetclaims: showing the verified events only (up to seq %d): %s",
+                exc.seq - 1, exc)
+        self.damage = exc
+
     def damage_doc(self) -> dict[str, Any] | None:
         """What the last read could not verify, as data (``--json``'s ``damage``, #16), or
         None on a healthy registry: the file, the seq range and byte range [offset, end) of the

@@ -13,6 +13,7 @@ from fleetclaims import (
     NotHolder,
     Registry,
     TaskCompleted,
+    TaskNotReady,
     ValidationError,
 )
 from fleetclaims.testing import FakeClock, FakeProber
@@ -60,6 +61,32 @@ def test_claim_with_same_token_is_idempotent(registry: Registry) -> None:
     b = registry.claim("t1", owner="agent-a", token=tok)
     assert (a.fence, a.token_hash) == (b.fence, b.token_hash)
     assert len(types_of(registry)) == n
+
+
+def test_claim_retried_after_its_lease_ran_out_says_so(registry: Registry,
+                                                       clock: FakeClock) -> None:
+    """A retry with the same token that finds the grant's lease run out is LeaseExpired, as
+    renew says (it reported the claim as held, with a negative time left)."""
+    tok = "retry-token-0123456789"
+    registry.claim("t1", owner="agent-a", token=tok, ttl=5)
+    clock.advance(6)
+    with pytest.raises(LeaseExpired):
+        registry.claim("t1", owner="agent-a", token=tok, ttl=5)
+    with pytest.raises(LeaseExpired):
+        registry.renew("t1", token=tok)
+
+
+def test_recover_of_an_unclaimed_queued_task_waits_for_readiness(registry: Registry) -> None:
+    """Nothing to take over: recover is a plain claim, refused while the task waits for a
+    dependency or is blocked (it bypassed both)."""
+    registry.add("dep")
+    registry.add("job", depends_on=["dep"])
+    registry.add("held-back")
+    registry.block("held-back", reason="not yet")
+    for task in ("job", "held-back"):
+        with pytest.raises(TaskNotReady):
+            registry.recover(task, owner="b", reason="take it")
+        assert registry.get(task) is None
 
 
 def test_renew_extends_lease(registry: Registry, clock: FakeClock) -> None:

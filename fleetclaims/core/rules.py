@@ -198,6 +198,11 @@ def decide_claim(state: State, task: str, grant: Grant, now: Now, verdict: Verdi
         )
         return Decision((_rejected(task, grant.owner, current, "task completed"),), err)
     if current.token_hash == grant.token_hash:
+        if current.state == ACTIVE and lease_expired(current, now):
+            # (as renew tells it: it said "claimed" with a negative time left)
+            return Decision((), LeaseExpired(task, owner=current.owner, fence=current.fence,
+                                             expired_at=current.expires_at,
+                                             reason=current.stale_reason))
         return Decision()  # idempotent repeat with the same token
     stale = stale_reason(current, now, verdict)
     if (stale is not None and take_stale) or preempt:
@@ -264,6 +269,10 @@ def decide_recover(
     current = state.claims.get(task)
     fence = state.fence + 1
     if current is None or not (current.live or current.state == COMPLETED):
+        # Nothing to take over: a plain claim, so a queued task must be ready.
+        refusal = _not_ready(state, task, grant)
+        if refusal is not None:
+            return refusal
         fields = _grant_fields(task, grant, fence, now)
         fields.update(type=ev.CLAIM_CREATED, reason=reason)
         return Decision((fields,))

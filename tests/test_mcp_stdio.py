@@ -199,6 +199,50 @@ def test_schema_refusals_are_the_documented_error_document(client: RawClient) ->
 
 
 @pytest.mark.slow
+def test_arguments_the_published_schema_refuses_are_refused(client: RawClient) -> None:
+    """Every tool publishes additionalProperties: false and refuses an argument it does not
+    take, naming it, the closest valid name and the valid ones (a misspelt filter is never
+    dropped to return everything, a misspelt ttl never gives the default lease); a value of
+    a JSON type the schema refuses is refused, never coerced (true is not a 1 s ttl, "5" not
+    a priority); and nothing is written."""
+    for tool in _tools(client):
+        schema = tool["inputSchema"]
+        assert schema["additionalProperties"] is False, tool["name"]
+        arguments = {k: v for k, v in PLAUSIBLE.items() if k in schema.get("properties", {})}
+        doc = tool_doc(client.request("tools/call", {"name": tool["name"], "arguments": {
+            **arguments, "no_such_argument": 1}}))
+        assert doc["error"] == "invalid" and doc["field"] == "no_such_argument", doc
+        assert "is not an argument of " + tool["name"] in doc["message"], doc
+        assert all(name in doc["message"] for name in schema.get("properties", {})), doc
+    before = client.request("tools/call", {"name": "events", "arguments": {}})
+    cases: list[tuple[str, dict[str, Any], str, str]] = [
+        ("events", {"type": ["claim_completed"]}, "type", "did you mean 'types'?"),
+        ("claims", {"ownr": "nobody"}, "ownr", "did you mean 'owner'?"),
+        ("claim", {"task": "t1", "tll": 5}, "tll", "did you mean 'ttl'?"),
+        ("claim", {"task": "t1", "ttl": True}, "ttl", "must be a number, not true"),
+        ("claim", {"task": "t1", "priority": "5"}, "priority", "must be an integer, not a string"),
+        ("claim", {"task": "t1", "take_stale": "yes"}, "take_stale", "must be true or false"),
+        ("claim", {"task": "t1", "priority": 5.5}, "priority", "must be an integer"),
+        ("claim", {"task": "t1", "paths": ["src/**", 7]}, "paths[1]", "must be a string"),
+        ("events", {"limit": "10"}, "limit", "must be an integer, not a string"),
+        ("add_many", {"tasks": [{"id": "a"}, "b"]}, "tasks[1]", "must be an object"),
+        ("transition", {"task": "t1", "phase": "review", "ttl": False}, "ttl", "not false"),
+    ]
+    for name, arguments, field, says in cases:
+        doc = tool_doc(client.request("tools/call", {"name": name, "arguments": arguments}))
+        assert doc["error"] == "invalid" and doc["field"] == field, (name, arguments, doc)
+        assert says in doc["message"] and "nothing was written" in doc["message"], doc
+        assert doc["next_action"]
+    after = client.request("tools/call", {"name": "events", "arguments": {}})
+    assert after["result"]["structuredContent"] == before["result"]["structuredContent"]
+    # What the schema takes still works: a whole number as an integer, null for an option.
+    answer = client.request("tools/call", {"name": "claim", "arguments": {
+        "task": "t1", "ttl": 60, "priority": 5.0, "note": None, "paths": None}})
+    assert answer["result"]["isError"] is False, answer
+    client.alive()
+
+
+@pytest.mark.slow
 def test_deep_and_huge_arguments_are_answered(client: RawClient) -> None:
     """Metadata nested 5,000 deep, a 5 MB line: answered, and the session goes on."""
     deep = '{"a":' * 5000 + "1" + "}" * 5000

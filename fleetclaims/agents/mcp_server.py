@@ -45,6 +45,7 @@ from .mcp_paths import TOOLS as PATH_TOOLS
 from .mcp_paths import Paths, PathTools, SharedPaths
 from .mcp_plan import TOOLS as PLANNING
 from .mcp_plan import PlanningTools
+from .mcp_schema import check, closed
 
 if TYPE_CHECKING:
     from ..api import Registry
@@ -458,7 +459,9 @@ ALIASES: dict[str, str] = {"show": "get", "list": "claims", "next": "claim_next"
 
 class _Server(MCPServer[Any]):
     """The SDK's server, whose argument-schema refusals (and unknown tools) come back as the
-    documented JSON error document instead of the SDK's plain text."""
+    documented JSON error document instead of the SDK's plain text. Arguments are checked
+    against the tool's published inputSchema first (``mcp_schema``): the SDK would drop an
+    unknown argument and coerce a value of another JSON type."""
 
     async def call_tool(self, name: str, arguments: dict[str, Any],
                         context: Any = None) -> Any:
@@ -467,6 +470,12 @@ class _Server(MCPServer[Any]):
 
         from ..core.errors import ValidationError
 
+        tool = self._tool_manager.get_tool(name)
+        if tool is not None:  # (an unknown tool is the SDK's refusal, below)
+            try:  # arguments the published schema refuses, before the SDK coerces them
+                check(name, tool.parameters, arguments)
+            except ValidationError as exc:
+                return _error(exc)
         try:
             return await super().call_tool(name, arguments, context)
         except UnexpectedToolError as exc:
@@ -517,6 +526,8 @@ def build(registry: Registry, owner: str, token_file: TokenFile | None = None,
         server.add_tool(getattr(tools, new), name=old, annotations=hints,
                         description=f"Older name of `{new}` (prefer `{new}`). {description}",
                         structured_output=False)
+    for tool in server._tool_manager.list_tools():  # published as enforced: no other argument
+        closed(tool.parameters)
     return server, tools
 
 

@@ -257,13 +257,40 @@ def test_deep_and_huge_arguments_are_answered(client: RawClient) -> None:
 
 @pytest.mark.slow
 def test_a_request_with_an_id_the_sdk_does_not_take_is_answered(client: RawClient) -> None:
-    """A request whose id is a float, true or an object is answered (Invalid Request; a
-    number's id echoed), not taken for a notification and left unanswered forever."""
-    for raw, echoed in (("2.0", 2.0), ("1.5", 1.5), ("true", None), ("{}", None)):
+    """A request whose id is null, a float, true or an object is answered (Invalid Request;
+    a number's id echoed, null as null), not taken for a notification and left unanswered
+    forever."""
+    for raw, echoed in (("null", None), ("2.0", 2.0), ("1.5", 1.5), ("true", None),
+                        ("{}", None)):
         client.send(('{"jsonrpc":"2.0","id":' + raw + ',"method":"ping"}').encode())
         answer = client.receive()
         assert answer["id"] == echoed and answer["error"]["code"] == -32600, (raw, answer)
         assert "integer" in answer["error"]["message"]
+    client.alive()
+
+
+@pytest.mark.slow
+def test_invalid_params_say_what_was_wrong(tmp_path: Path, client: RawClient) -> None:
+    """A request before initialize, a tools/call without a name or with arguments that are
+    not an object: -32602 with a message and data saying what was wrong (the SDK's own says
+    only "Invalid request parameters"); the session goes on."""
+    early = RawClient(tmp_path / "early")
+    try:
+        answer = early.request("tools/list")
+        assert answer["error"]["code"] == -32602, answer
+        assert "not initialized" in answer["error"]["message"], answer
+        assert "initialize" in answer["error"]["data"]["reason"], answer
+        assert early.request("ping")["result"] == {}  # ping needs no handshake
+    finally:
+        early.close()
+    for params, field, says in (({"arguments": {}}, "params.name", "is required"),
+                                ({"name": "claim", "arguments": [1]}, "params.arguments",
+                                 "must be an object"),
+                                ({"name": 7}, "params.name", "must be a string")):
+        answer = client.request("tools/call", params)
+        error = answer["error"]
+        assert error["code"] == -32602 and f"{field} {says}" in error["message"], answer
+        assert error["data"]["field"] == field, answer
     client.alive()
 
 

@@ -46,6 +46,7 @@ from .mcp_paths import Paths, PathTools, SharedPaths
 from .mcp_plan import TOOLS as PLANNING
 from .mcp_plan import PlanningTools
 from .mcp_schema import check, closed
+from .mcp_stdio import ExplainRefusals
 
 if TYPE_CHECKING:
     from ..api import Registry
@@ -526,6 +527,7 @@ def build(registry: Registry, owner: str, token_file: TokenFile | None = None,
         server.add_tool(getattr(tools, new), name=old, annotations=hints,
                         description=f"Older name of `{new}` (prefer `{new}`). {description}",
                         structured_output=False)
+    server._lowlevel_server.middleware.append(ExplainRefusals())  # -32602 says what
     for tool in server._tool_manager.list_tools():  # published as enforced: no other argument
         closed(tool.parameters)
     return server, tools

@@ -6,7 +6,8 @@ is never answered at all: the client waits forever. ``Wire`` stands in for both 
 SDK's transport (its ``stdin``/``stdout`` parameters) and screens each line first: what the
 SDK cannot take is answered here, with a JSON-RPC error (-32700 parse error, -32600 invalid
 request, -32602 invalid params) or, for a tool call, the server's documented JSON error
-document; the session goes on.
+document; the session goes on. A request the SDK refuses itself with -32602 gets a message
+and ``data`` saying what was wrong (``ExplainRefusals``, a middleware of the SDK's server).
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import json
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+if TYPE_CHECKING:
+    from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 
 #: the longest line read (a tool call is a few kilobytes; metadata is capped at 16 KiB)
 LINE_MAX = 4 * 1024 * 1024
@@ -94,6 +98,51 @@ class Wire:
         self._write(json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n")
 
 
+class ExplainRefusals:
+    """Server middleware (the SDK's ``Server.middleware``): the SDK refuses a request before
+    any handler runs with -32602 "Invalid request parameters" and empty data, whatever was
+    wrong. This says what: a request before ``initialize`` ("the session is not
+    initialized"), or the parameter the method's schema refuses (``params.name`` is required,
+    ``params.arguments`` must be an object), in the message and in ``data``."""
+
+    def __init__(self) -> None:
+        self.initialized = False  # one stdio connection per server process
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext,
+                       ) -> HandlerResult:
+        from mcp.shared.exceptions import MCPError
+        from pydantic import ValidationError
+
+        try:
+            result = await call_next(ctx)
+        except ValidationError as exc:  # the method's params, before its handler
+            first = exc.errors()[0] if exc.errors() else None
+            field = "params" if first is None else ".".join(str(p) for p in first["loc"])
+            reason = "are malformed" if first is None else _REASONS.get(
+                first["type"], "is malformed: " + first["msg"].lower().rstrip("."))
+            if field == "params.arguments" and reason == _REASONS["dict_type"]:
+                reason += " (the tool's arguments by name)"
+            raise MCPError(code=INVALID_PARAMS, message=f"Invalid params: {field} {reason}",
+                           data={"field": field, "reason": reason}) from None
+        except MCPError as exc:
+            if exc.error.code != INVALID_PARAMS or exc.error.data or self.initialized:
+                raise
+            reason = (f"the session is not initialized: send initialize (then "
+                      f"notifications/initialized) before {ctx.method}")
+            raise MCPError(code=INVALID_PARAMS, message=f"Invalid params: {reason}",
+                           data={"method": ctx.method, "reason": reason}) from None
+        if ctx.method in ("initialize", "notifications/initialized"):
+            self.initialized = True
+        return result
+
+
+#: what a pydantic error type means for a request parameter
+_REASONS = {"missing": "is required", "dict_type": "must be an object",
+            "model_type": "must be an object", "string_type": "must be a string",
+            "int_type": "must be an integer", "bool_type": "must be true or false",
+            "list_type": "must be a list", "extra_forbidden": "is not a parameter of this method"}
+
+
 def rpc_error(ident: Any, code: int, message: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
 
@@ -121,12 +170,15 @@ def screen(raw: bytes, refuse_tool: ToolRefusal) -> dict[str, Any] | None:
                          "(batches are not supported)")
     ident = message.get("id")
     if isinstance(ident, bool) or not isinstance(ident, (str, int)):
-        if "method" in message and ident is not None:
-            # A request with an id the SDK does not take (1.5, 2.0, true, {}) would be read as
-            # a notification and never answered: refused, its id echoed when it is a number.
+        if "method" in message and "id" in message:
+            # A request with an id the SDK does not take (null, 1.5, 2.0, true, {}) would be
+            # read as a notification and never answered: refused, its id echoed when it is a
+            # number (null is echoed as null, as JSON-RPC answers what it cannot identify).
             echo = ident if isinstance(ident, float) and not isinstance(ident, bool) else None
+            null = ", not null (MCP forbids it; a notification has no id)" if ident is None \
+                else ""
             return rpc_error(echo, INVALID_REQUEST, "Invalid Request: the id must be a string "
-                             "or an integer; send the request again with one")
+                             f"or an integer{null}; send the request again with one")
         ident = None
     where = surrogate_at(message)
     if where is not None:
@@ -168,4 +220,4 @@ def surrogate_at(message: Any) -> str | None:
     return None
 
 
-__all__ = ["Wire", "rpc_error", "screen", "surrogate_at"]
+__all__ = ["ExplainRefusals", "Wire", "rpc_error", "screen", "surrogate_at"]

@@ -247,3 +247,73 @@ def test_two_agents_share_the_work_queue(tmp_path: Path) -> None:
             assert "Work queue" in brief["text"] and brief["brief"]["queue"]["held"] == 2
 
     anyio.run(scenario)
+
+
+def _speaks_of_tools(next_action: str) -> bool:
+    """A next_action an agent on the server can follow: tool calls, never shell commands."""
+    return "`" not in next_action and "fleetclaims " not in next_action
+
+
+@pytest.mark.slow
+def test_next_action_names_tools_and_a_receiver_is_told_to_pass_its_token(
+        tmp_path: Path) -> None:
+    """not_ready (pending, blocked), unknown_task and completed refusals advise tool calls,
+    not shell commands; the receiver of a handoff calling renew without the token is told
+    the registry says it holds the claim and to pass the token_for_receiver it was given
+    (not "stop working"), and passing it works."""
+    reg_dir = tmp_path / "reg"
+
+    async def scenario() -> None:
+        async with server(reg_dir, "agent-a") as a, server(reg_dir, "agent-b") as b:
+            refusals = [await error(a, "depend", task="nosuch", on=["x"])]
+            await call(a, "add", task="q1")
+            await call(a, "add", task="q2", depends_on=["q1"])
+            refusals.append(await error(a, "claim", task="q2"))
+            await call(a, "block", task="q1", reason="waiting for a decision")
+            refusals.append(await error(a, "claim", task="q1"))
+            await call(a, "claim", task="t1")
+            await call(a, "complete", task="t1")
+            refusals.append(await error(a, "claim", task="t1"))
+            unknown, pending, blocked, completed = refusals
+            assert unknown["error"] == "unknown_task" and "call add" in unknown["next_action"]
+            assert pending["status"] == "pending" and "claim_next" in pending["next_action"]
+            assert blocked["status"] == "blocked" and "call unblock" in blocked["next_action"]
+            assert completed["error"] == "completed" and "claim_next" in completed["next_action"]
+            for refusal in refusals:
+                assert _speaks_of_tools(refusal["next_action"]), refusal
+
+            await call(a, "claim", task="t2")
+            moved = await call(a, "handoff", task="t2", to_owner="agent-b")
+            err = await error(b, "renew", task="t2")
+            assert err["error"] == "not_holder" and err["holder"] == "agent-b", err
+            assert "token_for_receiver" in err["next_action"], err
+            assert "Stop working" not in err["next_action"], err
+            await call(b, "renew", task="t2", token=moved["token_for_receiver"])
+            assert (await call(b, "complete", task="t2"))["state"] == "completed"
+            err = await error(b, "renew", task="t9")  # never held: stop, as before
+            assert err["holder"] is None and "Stop working" in err["next_action"], err
+
+    anyio.run(scenario)
+
+
+def test_next_action_of_every_refusal_speaks_of_tools() -> None:
+    """Each typed error's next_action on the server is phrased as tool calls (or, for damage
+    no tool repairs, as telling a human), never as a shell command to run."""
+    from fleetclaims.agents.mcp_errors import next_action
+    from fleetclaims.core import errors as e
+
+    refusals: list[e.FleetclaimsError] = [
+        e.TaskNotReady("q2", status="pending", waits_for=["q1"]),
+        e.TaskNotReady("q1", status="blocked", waits_for=[], reason="r"),
+        e.UnknownTask("nosuch"),
+        e.TaskCompleted("t1", owner="agent-a", fence=3, completed_at=None),
+        e.AuditCorrupt("audit.jsonl", seq=7, offset=120, reason="hash mismatch"),
+        e.SegmentDamaged("segments/x.jsonl.gz", seq=7, offset=0, reason="missing"),
+        e.RegistryCorrupt("claims.json", "not JSON"),
+        e.HistoryLost("reg", "the journal ends early", anchor="a", origin="o", seq=9, fence=2),
+    ]
+    for exc in refusals:
+        text = next_action(exc)
+        assert _speaks_of_tools(text), (exc.code, text)
+    assert "call add" in next_action(e.UnknownTask("nosuch"))
+    assert "get, claims" in next_action(refusals[4])  # the reads still work

@@ -14,7 +14,7 @@ names ``show``, ``list`` and ``next`` stay as aliases (ALIASES) for clients that
 
 Results are compact JSON. Errors come back as tool errors (``isError``) whose text is a JSON
 object with the typed error's ``error`` code, ``message``, ``holder`` where there is one, and
-``next_action`` phrased in terms of these tools.
+``next_action`` phrased in terms of these tools (``mcp_errors``).
 """
 
 from __future__ import annotations
@@ -32,14 +32,9 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from .._version import __version__
-from ..core.errors import (
-    ClaimConflict,
-    FleetclaimsError,
-    NotHolder,
-    PathConflict,
-    ValidationError,
-)
+from ..core.errors import FleetclaimsError, NotHolder, ValidationError
 from . import brief
+from .mcp_errors import TokenNeeded, error, internal
 from .mcp_keep import KEEPALIVE_MAX, Keeper, TokenFile, resume
 from .mcp_paths import TOOLS as PATH_TOOLS
 from .mcp_paths import Paths, PathTools, SharedPaths
@@ -81,46 +76,11 @@ def _summary(c: Claim, now: float | Now) -> dict[str, Any]:
             "note": c.note, "paths": list(c.paths), "shared_paths": list(c.shared_paths)}
 
 
-def _next_action(exc: FleetclaimsError) -> str:
-    """The error's advice in terms of this server's tools (the library's speaks of the CLI)."""
-    task = getattr(exc, "task", "TASK")
-    if isinstance(exc, PathConflict):
-        return (f"{exc.holder} reserved {exc.theirs!r} for {exc.holder_task!r}, which overlaps "
-                f"{exc.mine!r}: do not touch those files. Claim with other paths, or wait for "
-                "that claim to end.")
-    if isinstance(exc, ClaimConflict):
-        if exc.stale:
-            return f"The claim is stale ({exc.reason}): call recover with task={task!r} and a " \
-                   "reason to take it over."
-        return (f"Do not work on {task!r}: {exc.holder} holds it. Pick another task (call "
-                "brief or claims), or call get later to see whether it was released.")
-    if exc.code == "completed":
-        return f"{task!r} is done; pick another task. Reopening it is for a human " \
-               f"(`fleetclaims reopen {task} --reason ...`)."
-    if isinstance(exc, NotHolder):
-        return (f"Stop working on {task!r} and do not commit that work; call get or explain to "
-                "see who holds it, and claim it again only if it is free.")
-    if exc.code == "invalid":
-        return "Fix the argument and call the tool again; nothing was written."
-    if exc.code in ("busy", "unavailable"):
-        return "Retry in a few seconds."
-    return exc.hint or "Tell a human; `fleetclaims doctor` inspects the registry."
-
-
 def _ok(data: Any) -> CallToolResult:
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     structured = data if isinstance(data, dict) else {"result": data}
     return CallToolResult(content=[TextContent(type="text", text=text)],
                           structured_content=structured)
-
-
-def _error(exc: FleetclaimsError) -> CallToolResult:
-    doc = exc.to_dict()
-    doc["message"] = exc.message  # the CLI hint lives in next_action instead
-    doc.setdefault("holder", None)
-    doc["next_action"] = _next_action(exc)
-    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
 
 class ClaimsServer(PlanningTools, PathTools):
@@ -162,15 +122,15 @@ class ClaimsServer(PlanningTools, PathTools):
             try:
                 return _ok(op())
             except FleetclaimsError as exc:
-                return _error(exc)
+                return error(exc)
             except Exception as exc:  # the SDK would hide the reason behind plain text
                 from .._open import typed_store_error
 
                 typed = typed_store_error(exc)
                 if typed is not None:  # a permission or database failure
-                    return _error(typed)
+                    return error(typed)
                 if not isinstance(exc, OSError):
-                    return _internal(exc)
+                    return internal(exc)
                 text = json.dumps({"error": "error", "message": str(exc), "holder": None,
                                    "next_action": "Check the registry path and permissions "
                                    "(--dir), then retry."})
@@ -192,6 +152,12 @@ class ClaimsServer(PlanningTools, PathTools):
             return token
         held = self.tokens.get(task)
         if held is None:
+            c = self.registry.get(task)
+            if c is not None and c.live and c.owner == self.owner:
+                raise TokenNeeded(task, f"this server holds no token for it, though {self.owner}"
+                                  " holds it in the registry (handed over?): pass its token",
+                                  holder=self.owner, fence=c.fence,
+                                  hint="Pass the token you were given.")
             raise NotHolder(task, f"this server ({self.owner}) holds no token for it",
                             hint="Claim it first, or pass the token explicitly.")
         return held
@@ -476,31 +442,22 @@ class _Server(MCPServer[Any]):
             try:  # arguments the published schema refuses, before the SDK coerces them
                 check(name, tool.parameters, arguments)
             except ValidationError as exc:
-                return _error(exc)
+                return error(exc)
         try:
             return await super().call_tool(name, arguments, context)
         except UnexpectedToolError as exc:
-            return _internal(exc.__cause__ or exc)
+            return internal(exc.__cause__ or exc)
         except ToolError as exc:
             cause = exc.__cause__
             if isinstance(cause, SchemaError) and cause.errors():
                 first = cause.errors()[0]
                 field = ".".join(str(part) for part in first["loc"]) or "arguments"
-                return _error(ValidationError(field, first["msg"].rstrip(".")))
+                return error(ValidationError(field, first["msg"].rstrip(".")))
             if name not in TOOLS and name not in ALIASES:
-                return _error(ValidationError(
+                return error(ValidationError(
                     "name", "is not a tool of this server; the tools are "
                     + ", ".join(sorted(TOOLS)), value=name))
-            return _error(ValidationError("arguments", str(exc)))
-
-
-def _internal(exc: BaseException) -> CallToolResult:
-    """A bug, told as the JSON error document (code ``internal``)."""
-    text = json.dumps({"error": "internal", "message": f"internal error (a bug in fleetclaims "
-                       f"{__version__}): {type(exc).__name__}", "holder": None,
-                       "next_action": "Tell a human: this is a bug in fleetclaims; the call "
-                       "may be retried."})
-    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+            return error(ValidationError("arguments", str(exc)))
 
 
 def build(registry: Registry, owner: str, token_file: TokenFile | None = None,
@@ -547,7 +504,7 @@ def serve(registry: Registry, owner: str, keepalive: float = KEEPALIVE_MAX) -> N
     tools.keeper.start()
 
     def refuse(field: str, reason: str) -> dict[str, Any]:
-        result = _error(ValidationError(field, reason))
+        result = error(ValidationError(field, reason))
         return result.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
     # The wire gets private copies of descriptors 0 and 1, which then point at /dev/null and

@@ -79,8 +79,11 @@ def json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _fits(wanted: str, actual: str) -> bool:
-    return wanted == actual or (wanted == "number" and actual == "integer")
+def _fits(wanted: Any, actual: str) -> bool:
+    """Whether a value of JSON type ``actual`` is one of ``wanted`` (a type or a list)."""
+    if isinstance(wanted, list):
+        return any(_fits(w, actual) for w in wanted)
+    return bool(wanted == actual or (wanted == "number" and actual == "integer"))
 
 
 def _problem(schema: dict[str, Any], value: Any, path: str) -> tuple[str, str, Any] | None:
@@ -135,6 +138,8 @@ def _describe(schema: dict[str, Any]) -> str:
     wanted = schema.get("type")
     if wanted is None:
         return "any JSON value"
+    if isinstance(wanted, list):
+        return " or ".join(_describe({**schema, "type": w}) for w in wanted)
     if wanted == "array" and isinstance(schema.get("items"), dict) and "type" in schema["items"]:
         item = _NAMES.get(schema["items"]["type"], schema["items"]["type"])
         plural = {"a string": "strings", "an integer": "integers", "a number": "numbers",

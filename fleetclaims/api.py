@@ -18,7 +18,7 @@ from .core.errors import (
     AccessDenied,
     ValidationError,
 )
-from .core.model import UNKNOWN_VERDICT, Claim, Identity, Now, Verdict
+from .core.model import DEAD, UNKNOWN_VERDICT, Claim, Identity, Now, Verdict
 from .core.rules import Decision, Grant, SweepReport
 from .core.state import State
 from .store.base import EventPage, Store, VerifyReport
@@ -244,14 +244,21 @@ class Registry(QueueMethods):
         return ev.with_token(claim, raw)
 
     def renew(self, task: str, *, token: str, ttl: float | None = None,
-              remote: str | None = None) -> Claim:
-        """Extend the lease by ``ttl`` (default: the claim's ttl) from now."""
+              process: bool | int = True, remote: str | None = None) -> Claim:
+        """Extend the lease by ``ttl`` (default: the claim's ttl) from now. When the claim's
+        owner process is proven dead (the holder restarted with its token), ``process`` takes
+        its place (as in ``claim``); a live one is kept."""
         if (leases := self._leases(remote)) is not None:
             return leases.change(task, token, "renewed",
                                  lambda: self.renew(task, token=token, ttl=ttl, remote=""))
         task, th = validate.task(task), self._token(token)
         ttl = validate.ttl(ttl, allow_none=True)
-        _, state = self._run(lambda s, now: rules.decide_renew(s, task, th, ttl, now))
+        seen = self._seen(task) or [c for c in [self.store.read().claims.get(task)] if c]
+        mine = [c for c in seen if c.token_hash == th and c.identity is not None]
+        rebind = None  # (probed before the lock, as claim does)
+        if mine and self.prober.verdict(mine[0].identity).state == DEAD:
+            rebind = (mine[0].identity, self._identity(process))
+        _, state = self._run(lambda s, now: rules.decide_renew(s, task, th, ttl, now, rebind))
         return self._mine(state, task, token)
 
     def release(

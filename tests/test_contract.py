@@ -172,6 +172,32 @@ def test_dead_owner_makes_claim_stale(registry: Registry, prober: FakeProber) ->
     assert "owner dead" in ev.get("reason") and "5001" in ev.get("reason")
 
 
+def test_a_restarted_holder_renewing_is_its_new_owner_process(
+        make_registry: Callable[[], Registry], prober: FakeProber) -> None:
+    """README: an agent that kept its token carries on after a restart. Its renewal was
+    acknowledged while the claim stayed bound to the dead process, so anyone could take it
+    over at once. A renewal whose recorded owner process is proven dead re-binds it: to the
+    renewing process (library default), or to none (process=False: the lease alone); a live
+    owner process is kept."""
+    old = make_registry()
+    prober.as_pid(5001)
+    c = old.claim("t1", owner="a", ttl=3600)
+    prober.as_pid(5002)
+    helper = make_registry()
+    helper.renew("t1", token=c.token)  # the owner process lives: kept
+    assert helper.get("t1").identity.pid == 5001  # type: ignore[union-attr]
+    prober.kill(5001)
+    restarted = make_registry()  # (a new process: nothing seen before it renews)
+    assert restarted.renew("t1", token=c.token).identity.pid == 5002  # type: ignore[union-attr]
+    assert not restarted.is_stale(restarted.get("t1"))  # type: ignore[arg-type]
+    with pytest.raises(ClaimConflict):
+        restarted.claim("t1", owner="b", take_stale=True)
+    prober.kill(5002)
+    restarted.renew("t1", token=c.token, process=False)
+    assert restarted.get("t1").identity is None  # type: ignore[union-attr]
+    assert not restarted.is_stale(restarted.get("t1"))  # type: ignore[arg-type]
+
+
 def test_release_frees_task(registry: Registry) -> None:
     """Release returns True once, then False, and the task can be claimed again."""
     c = registry.claim("t1", owner="a")

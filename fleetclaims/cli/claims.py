@@ -160,7 +160,8 @@ def cmd_claim(args: argparse.Namespace, out: Out) -> int:
 
 def cmd_renew(args: argparse.Namespace, out: Out) -> int:
     reg = registry(args)
-    c = reg.renew(args.task, token=token(args), ttl=args.ttl, remote=remote_arg(args, reg))
+    c = reg.renew(args.task, token=token(args), ttl=args.ttl, process=False,  # (see claim)
+                  remote=remote_arg(args, reg))
     show_claim(out, c, "renewed")
     return EXIT_OK
 

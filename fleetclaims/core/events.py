@@ -116,7 +116,7 @@ CLAIM_REJECTED: Final = _declare(
 LEASE_RENEWED: Final = _declare(
     "lease_renewed", ("task", "ttl", "boot_deadline"),
     "{owner} renewed the lease on {task} (fence {fence})",
-    ("actor", "owner", "fence", "expires_at", "deadline_boot"))
+    ("actor", "owner", "fence", "expires_at", "deadline_boot", "identity"))
 CLAIM_RELEASED: Final = _declare(
     "claim_released", _HOLDER, "{owner} released {task} (fence {fence})", ("expired",))
 CLAIM_RELEASED_FORCED: Final = _declare(
@@ -382,6 +382,10 @@ def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int)
     if kind == LEASE_RENEWED:
         if "owner" in event:
             new = _renewed(current, ts, *_deadline(event.get), seq, eid)
+            if "identity" in event:  # the holder restarted: its owner process is re-bound
+                ident = event["identity"]
+                new = replace(new, identity=None if ident is None else _identity(
+                    ident, state.identities))
         else:  # compact: the holder's own lease extended to ts + ttl (see compact_renewal)
             ttl = _float(event["ttl"])
             new = _renewed(current, ts, ttl, round(ts + ttl, 6),

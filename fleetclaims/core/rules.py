@@ -371,11 +371,16 @@ def _base(kind: str, claim: Claim, actor: str | None = None) -> dict[str, Any]:
     }
 
 
-def decide_renew(state: State, task: str, token_hash: str, ttl: float | None, now: Now) -> Decision:
+def decide_renew(state: State, task: str, token_hash: str, ttl: float | None, now: Now,
+                 rebind: tuple[Identity | None, Identity | None] | None = None) -> Decision:
+    """``rebind`` (dead, new): when the claim's owner process is still ``dead`` (proven so
+    before the lock), the renewing holder restarted: ``new`` becomes its owner process."""
     claim, refusal = holder_check(state, task, token_hash, now)
     if claim is None:
         return refusal
     fields = _base(ev.LEASE_RENEWED, claim)
+    if rebind is not None and claim.identity is not None and claim.identity == rebind[0]:
+        fields["identity"] = None if rebind[1] is None else rebind[1].to_dict()
     if ttl is None and claim.ttl is None:  # parked: the park's own bound stays as it was
         fields.update(ttl=None, expires_at=claim.expires_at, boot_deadline=claim.boot_deadline,
                       deadline_boot=claim.deadline_boot)

@@ -181,19 +181,20 @@ def test_a_restarted_holder_renewing_is_its_new_owner_process(
     owner process is kept."""
     old = make_registry()
     prober.as_pid(5001)
-    c = old.claim("t1", owner="a", ttl=3600)
+    token = old.claim("t1", owner="a", ttl=3600).token
+    assert token is not None
     prober.as_pid(5002)
     helper = make_registry()
-    helper.renew("t1", token=c.token)  # the owner process lives: kept
+    helper.renew("t1", token=token)  # the owner process lives: kept
     assert helper.get("t1").identity.pid == 5001  # type: ignore[union-attr]
     prober.kill(5001)
     restarted = make_registry()  # (a new process: nothing seen before it renews)
-    assert restarted.renew("t1", token=c.token).identity.pid == 5002  # type: ignore[union-attr]
+    assert restarted.renew("t1", token=token).identity.pid == 5002  # type: ignore[union-attr]
     assert not restarted.is_stale(restarted.get("t1"))  # type: ignore[arg-type]
     with pytest.raises(ClaimConflict):
         restarted.claim("t1", owner="b", take_stale=True)
     prober.kill(5002)
-    restarted.renew("t1", token=c.token, process=False)
+    restarted.renew("t1", token=token, process=False)
     assert restarted.get("t1").identity is None  # type: ignore[union-attr]
     assert not restarted.is_stale(restarted.get("t1"))  # type: ignore[arg-type]
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -553,3 +554,33 @@ def test_audit_names_the_holder_of_a_compact_renewal(tmp_path: Path) -> None:
     assert "None" not in later and later.count("the holder renewed the lease") == 2, later
 
 
+
+
+def test_an_ambiguous_claim_tells_the_token_to_retry_with(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server went away with the outcome unknown (it had committed): the CLI minted no
+    token the caller could see, and a plain retry conflicted with its own claim. The error
+    names the token (--json: retry_token) and a retry with it returns the claim."""
+    from fleetclaims import api
+    from fleetclaims.cli import main
+    from fleetclaims.core.errors import StoreUnavailable
+
+    d = tmp_path / "r"
+    real = api.Registry.claim
+
+    def lost_answer(self: Any, task: str, **kw: Any) -> Any:
+        real(self, task, **kw)  # committed...
+        raise StoreUnavailable("postgresql://db", "connection lost", committed=None)
+
+    monkeypatch.setattr(api.Registry, "claim", lost_answer)
+    assert main(["--dir", str(d), "--json", "claim", "t", "--owner", "a"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    minted = doc["retry_token"]
+    assert minted in doc["message"] and doc["committed"] is None
+    monkeypatch.setattr(api.Registry, "claim", real)
+    assert main(["--dir", str(d), "--json", "claim", "t", "--owner", "a"]) == 3  # a plain retry
+    capsys.readouterr()
+    assert main(["--dir", str(d), "--json", "claim", "t", "--owner", "a", "--token",
+                 minted]) == 0
+    assert json.loads(capsys.readouterr().out)["fence"] == 1

@@ -146,14 +146,30 @@ def _add_read_parsers(add: AddParser) -> None:
 
 
 def cmd_claim(args: argparse.Namespace, out: Out) -> int:
+    from ..api import new_token
+    from ..core.errors import StoreUnavailable
+
     reg = registry(args)
-    c = reg.claim(args.task, owner=owner_of(args), ttl=args.ttl, note=args.note,
-                  priority=args.priority, token=args.token,
-                  metadata=json_arg("metadata", args.metadata, plain_ok=False),
-                  take_stale=args.take_stale, preempt=args.preempt,
-                  process=args.pid if args.pid is not None else False,
-                  remote=remote_arg(args, reg), wait=args.wait,
-                  paths=args.paths, shared_paths=args.shared)
+    # The token is minted here, before anything is sent: when the server goes away with the
+    # outcome unknown, it is the caller's only way to learn whether the claim was granted.
+    minted = args.token or new_token()
+    try:
+        c = reg.claim(args.task, owner=owner_of(args), ttl=args.ttl, note=args.note,
+                      priority=args.priority, token=minted,
+                      metadata=json_arg("metadata", args.metadata, plain_ok=False),
+                      take_stale=args.take_stale, preempt=args.preempt,
+                      process=args.pid if args.pid is not None else False,
+                      remote=remote_arg(args, reg), wait=args.wait,
+                      paths=args.paths, shared_paths=args.shared)
+    except StoreUnavailable as exc:
+        if exc.committed is not None or args.token:
+            raise
+        told = StoreUnavailable(exc.where, exc.reason, committed=None, hint=(
+            f"Retry with this token once the server is back: `fleetclaims claim {args.task} "
+            f"--token {minted} ...` returns the claim if it was granted (a plain retry "
+            "conflicts with it)."))
+        told.retry_token = minted  # type: ignore[attr-defined]  # (--json: the caller's own)
+        raise told from exc
     show_claim(out, c, "claimed")
     return EXIT_OK
 

@@ -50,7 +50,31 @@ class MergePlan:
 
 
 def ids_of(events: list[dict[str, Any]]) -> set[str]:
-    return {ev.event_id(e) for e in events}
+    """The identities of ``events``, and of the claim records a merge among them re-granted
+    (their eid names no event: see _regranted), so a later merge knows it has seen them."""
+    ids = {ev.event_id(e) for e in events}
+    for e in events:
+        if e.get("type") == ev.REGISTRIES_MERGED:
+            for record in e.get("claims") or ():
+                eid = record.get("eid") if isinstance(record, dict) else None
+                if isinstance(eid, str) and _REGRANT in eid:
+                    ids.add(eid)
+    return ids
+
+
+_REGRANT = "/regranted-at-fence-"
+
+
+def _regranted(win: Claim, lose: Claim, floor: int) -> int | None:
+    """The fence a live concurrent winner is re-granted at (one above ``floor``), or None:
+    fences never go back, so a winner whose fence is not above every fence the other side
+    handed out for the task (a holder that renewed there while it was released and granted
+    anew here; two sides granting the same fence) takes a new one."""
+    top = max([lose.fence, *(r.fence for r in lose.retired)])
+    if not win.live or win.fence > top or (
+            win.fence == top and lose.token_hash == win.token_hash):
+        return None
+    return floor + 1
 
 
 def _stale(claim: Claim, now: Now) -> bool:
@@ -105,6 +129,7 @@ def plan_merge(
     superseded: list[dict[str, Any]] = []
     conflicts: list[Conflict] = []
     changed: list[str] = []
+    floor = max(ours.fence, theirs.fence)  # (the same whichever side merges into which)
     for task in sorted(set(ours.claims.tasks()) | set(theirs.claims.tasks())):
         a, b = ours.claims.get(task), theirs.claims.get(task)
         if b is None or (a is not None and (a.eid == b.eid or b.eid in our_ids)):
@@ -121,6 +146,10 @@ def plan_merge(
         else:
             order, rule = compare(a, _stale(a, now), b, _stale(b, now))
             win, lose = (a, b) if order <= 0 else (b, a)
+        fence = _regranted(win, lose, floor)
+        if fence is not None:  # (its token stays: renew returns the new fence)
+            floor = fence
+            win = replace(win, fence=fence, eid=f"{win.eid}{_REGRANT}{fence}")
         extra: tuple[Retired, ...] = ()
         if lose.live:
             conflicts.append(Conflict(task, win.owner, win.fence, lose.owner, lose.fence, rule))
@@ -150,7 +179,7 @@ def plan_merge(
         "source_origin": theirs.origin,
         "imported_events": len(new_events),
         "claims": merged,
-        "fence_floor": max(ours.fence, theirs.fence),
+        "fence_floor": floor,
         "conflicts": [c.to_dict() for c in conflicts],
     }
     if tasks:  # (absent when the queue is untouched: the event keeps its earlier shape)

@@ -584,3 +584,16 @@ def test_an_ambiguous_claim_tells_the_token_to_retry_with(
     assert main(["--dir", str(d), "--json", "claim", "t", "--owner", "a", "--token",
                  minted]) == 0
     assert json.loads(capsys.readouterr().out)["fence"] == 1
+
+
+@pytest.mark.parametrize("args", [["audit", "archive", "--before", "0s", "--to", ""],
+                                  ["audit", "verify", "--with", " "]])
+def test_an_empty_archive_directory_is_refused(tmp_path: Path, args: list[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--to "$UNSET"` archived the sealed history into the current directory."""
+    d = tmp_path / "r"
+    Registry(d).claim("t", owner="a")
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["--dir", str(d), *args]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -383,3 +383,18 @@ def test_directory_permissions_on_creation(tmp_path: Path) -> None:
     for name in ("audit.jsonl", "claims.json", "claims.lock"):
         assert (os.stat(d / name).st_mode & 0o777) == 0o600, name
     assert "*" in (d / ".gitignore").read_text().splitlines()
+
+
+def test_the_metadata_limit_counts_the_bytes_sent(tmp_path: Path) -> None:
+    """16 KiB of compact JSON is accepted and one byte more refused: the size was counted
+    with ", " and ": " separators, ~2 bytes a member the user never sent (12 KB refused)."""
+    from fleetclaims.core.validate import JSON_MAX
+
+    reg = fleetclaims.Registry(tmp_path / "r")
+    exact = {"a": "x" * (JSON_MAX - 8)}  # {"a":"…"} is 8 bytes of syntax
+    reg.claim("m1", owner="o", metadata=exact)
+    many = {"a": [0] * 6000}  # 12,007 bytes compact
+    reg.claim("m2", owner="o", metadata=many)
+    with pytest.raises(fleetclaims.ValidationError):
+        reg.claim("m3", owner="o", metadata={"a": "x" * (JSON_MAX - 7)})
+    assert reg.get("m3") is None

@@ -345,7 +345,7 @@ def _audit_archive(args: argparse.Namespace, out: Out) -> int:
         raise ValidationError("archive", "applies to a file registry's journal segments "
                               f"({reg.location} keeps its journal in a database)")
     done = archive.archive_registry(reg.store, before, None if args.to is None else
-                                    Path(args.to))
+                                    _directory("--to", args.to))
     if out.json:
         out.doc(done)
     elif done["archived"]:
@@ -357,10 +357,18 @@ def _audit_archive(args: argparse.Namespace, out: Out) -> int:
     return EXIT_OK
 
 
+def _directory(option: str, text: str) -> Path:
+    """A directory argument; an empty one (an unset shell variable) would be the current
+    directory: refused, as for --dir."""
+    if not text.strip():
+        raise ValidationError(option, "is empty; name a directory (an unset shell variable?)")
+    return Path(text)
+
+
 def _verify_with(reg: Any, directory: str) -> dict[str, Any]:
     from ..store.file import archive
 
-    return archive.verify_with(Path(str(reg.location)), Path(directory))
+    return archive.verify_with(Path(str(reg.location)), _directory("--with", directory))
 
 
 def _audit_verify(args: argparse.Namespace, out: Out) -> int:

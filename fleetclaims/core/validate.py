@@ -262,7 +262,8 @@ def json_value(field: str, value: Any, *, mapping: bool = False) -> Any:
     _walk_json(field, value)
     import json  # here: a cold command without metadata does not pay for importing it
 
-    encoded = json.dumps(value, allow_nan=False, ensure_ascii=False, sort_keys=True)
+    encoded = json.dumps(value, allow_nan=False, ensure_ascii=False, sort_keys=True,
+                         separators=(",", ":"))  # (counted compact: the bytes the user sent)
     if len(encoded.encode()) > JSON_MAX:
         raise ValidationError(field, f"larger than {JSON_MAX} bytes as JSON")
     # Round-trip so the stored value is exactly what JSON gives back (tuples become lists).

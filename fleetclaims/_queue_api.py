@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _paths, _wait
 from .core import queue, rules, validate
-from .core.errors import ValidationError
+from .core.errors import DependencyCycle, ValidationError
 from .core.model import Claim, Now
 from .core.rules import Decision, Grant
 from .core.state import State
@@ -43,15 +43,19 @@ class QueueMethods:
         self,
         task: str,
         *,
-        priority: int = 100,
-        depends_on: Iterable[str] = (),
-        labels: Iterable[str] = (),
+        priority: int | None = None,
+        depends_on: Iterable[str] | None = None,
+        labels: Iterable[str] | None = None,
         note: str | None = None,
         actor: str = "operator",
         title: str | None = None,
         description: str | None = None,
     ) -> queue.Task:
-        """Put ``task`` in the work queue (or update it). Idempotent for identical input; a
+        """Put ``task`` in the work queue, or update it. An argument left at None is not
+        given: a new task takes the default (priority 100, no dependencies, no labels, no
+        text), a queued one keeps what it has, so an update changes only the fields given
+        (``depends_on`` and ``labels`` as given replace the sets; ``[]`` empties them, an
+        empty title, description or note clears it). Idempotent for identical input; a
         change is recorded as ``task_updated``. Raises DependencyCycle when ``depends_on``
         would make the task wait for itself."""
         spec = _spec(task, priority=priority, depends_on=depends_on, labels=labels, note=note,
@@ -63,8 +67,9 @@ class QueueMethods:
     def add_many(self, tasks: Iterable[Mapping[str, Any]], *, actor: str = "operator") -> int:
         """Put several tasks in the queue in one transaction (all or none). Each item is a
         mapping with ``task`` (or ``id``) and optionally ``title``, ``description``,
-        ``labels``, ``priority``, ``depends_on``, ``note``: the arguments of ``add``. A task
-        may depend on one added earlier or later in the same batch. Returns how many events
+        ``labels``, ``priority``, ``depends_on``, ``note``: the arguments of ``add``, and
+        like them a key left out (or null) keeps a queued task's value. A task may depend on
+        one added earlier or later in the same batch. Returns how many events
         were written (identical repeats write nothing)."""
         who = validate.owner(actor, "actor")
         specs = tuple(_item_spec(i, item) for i, item in enumerate(_items(tasks)))
@@ -178,17 +183,22 @@ _ITEM_KEYS = frozenset({"task", "id", "title", "description", "labels", "priorit
                         "depends_on", "note"})
 
 
-def _spec(task: Any, *, priority: Any = 100, depends_on: Any = (), labels: Any = (),
-          note: Any = None, title: Any = None, description: Any = None) -> queue.Task:
-    """A queue entry from ``add``'s arguments, each one checked."""
+def _spec(task: Any, *, priority: Any = None, depends_on: Any = None, labels: Any = None,
+          note: Any = None, title: Any = None, description: Any = None) -> queue.TaskPatch:
+    """What ``add``'s arguments give for a task, each one checked (None: not given). A task
+    named among its own dependencies is refused here, before the registry is touched."""
     title = validate.text("title", title, TITLE_MAX)
     if title is not None and ("\n" in title or "\r" in title):
         raise ValidationError("title", "must be one line (put the rest in description)")
-    return queue.Task(
-        task=validate.task(task),
-        priority=validate.priority(priority),
-        depends_on=validate.names("depends_on", depends_on),
-        labels=validate.names("labels", labels, validate.label),
+    name = validate.task(task)
+    deps = None if depends_on is None else validate.names("depends_on", depends_on)
+    if deps is not None and name in deps:
+        raise DependencyCycle(name, [name, name])
+    return queue.TaskPatch(
+        task=name,
+        priority=None if priority is None else validate.priority(priority),
+        depends_on=deps,
+        labels=None if labels is None else validate.names("labels", labels, validate.label),
         note=validate.text("note", note),
         title=title,
         description=validate.text("description", description, DESCRIPTION_MAX),
@@ -208,7 +218,7 @@ def _items(tasks: Any) -> list[Any]:
     return items
 
 
-def _item_spec(index: int, item: Any) -> queue.Task:
+def _item_spec(index: int, item: Any) -> queue.TaskPatch:
     """One item of ``add_many``: a mapping of ``add``'s arguments (``id`` for ``task``)."""
     if not isinstance(item, Mapping):
         raise ValidationError(f"tasks[{index}]", "must be an object with a task id",
@@ -223,7 +233,7 @@ def _item_spec(index: int, item: Any) -> queue.Task:
                               + "; known: " + ", ".join(sorted(_ITEM_KEYS)))
     if ("task" in item) == ("id" in item):
         raise ValidationError(f"tasks[{index}]", "must carry exactly one of task or id")
-    return _spec(item.get("task", item.get("id")), priority=item.get("priority", 100),
-                 depends_on=item.get("depends_on") or (), labels=item.get("labels") or (),
+    return _spec(item.get("task", item.get("id")), priority=item.get("priority"),
+                 depends_on=item.get("depends_on"), labels=item.get("labels"),
                  note=item.get("note"), title=item.get("title"),
                  description=item.get("description"))

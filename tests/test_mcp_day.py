@@ -113,6 +113,8 @@ def test_planning_tools_and_parking(tmp_path: Path) -> None:
                                                                      "depends_on": ["build"]}])
             assert many["events"] == 2 and many["queue"]["pending"] == 1
             assert (await call(p, "depend", task="docs", on=["build"]))["depends_on"] == ["build"]
+            kept = await call(p, "add", task="docs", title="Write the user guide")
+            assert (kept["depends_on"], kept["labels"]) == (["build"], ["docs"])  # kept
             assert (await call(p, "block", task="build", reason="CI down"))["changed"] is True
             assert (await call(p, "unblock", task="build"))["status"] == "ready"
             got = await call(p, "claim_next", ttl=60)

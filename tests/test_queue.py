@@ -144,6 +144,34 @@ def test_add_is_idempotent_and_a_change_is_task_updated(registry: Registry) -> N
     assert event.type == "task_updated" and event.get("changed") == ["priority", "depends_on"]
 
 
+def test_an_update_changes_only_the_fields_given(registry: Registry) -> None:
+    """add on a queued task keeps what is not given: a new title does not reset the priority
+    or drop the dependencies and labels (which made a pending task claimable)."""
+    reg = registry
+    reg.add("build")
+    reg.add("release", priority=5, depends_on=["build"], labels=["ship"], title="Release",
+            description="d", note="n")
+    seq = reg.stats().seq
+    t = reg.add("release", title="Release 1.0")
+    assert (t.title, t.priority, t.depends_on, t.labels, t.description, t.note) == (
+        "Release 1.0", 5, ("build",), ("ship",), "d", "n")
+    [event] = reg.events(after=seq, limit=10).events
+    assert event.type == "task_updated" and event.get("changed") == ["title"]
+    assert _status(reg)["release"] == "pending"
+    with pytest.raises(TaskNotReady):
+        reg.claim("release", owner="x")
+    seq = reg.stats().seq
+    assert reg.add("release") == reg.task("release").task  # type: ignore[union-attr]
+    assert reg.stats().seq == seq  # nothing given: nothing changes
+    t = reg.add("release", depends_on=["tests"], labels=[], title="", priority=7)
+    assert (t.title, t.priority, t.depends_on, t.labels, t.description) == (
+        None, 7, ("tests",), (), "d")  # given sets replace; [] and "" clear
+    assert reg.add("fresh").priority == 100  # a new task: the defaults
+    reg.add_many([{"id": "release", "priority": 3}, {"id": "other", "labels": None}])
+    t = reg.task("release").task  # type: ignore[union-attr]
+    assert (t.priority, t.depends_on, t.description) == (3, ("tests",), "d")
+
+
 @pytest.mark.parametrize("edges, new, expected", [
     ({}, ("a", ["a"]), ["a", "a"]),
     ({"b": ["a"]}, ("a", ["b"]), ["a", "b", "a"]),

@@ -62,6 +62,29 @@ def test_queue_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert code == 1 and "fleetclaims add ghost" in err
 
 
+def test_add_on_a_queued_task_changes_only_the_options_given(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = str(tmp_path / "r")
+
+    def fc(*args: str) -> tuple[int, str, str]:
+        return run_cli([*args, "--dir", d], capsys)
+
+    assert fc("add", "build")[0] == 0
+    assert fc("add", "release", "--after", "build", "--label", "ship", "--priority", "5",
+              "--title", "Release")[0] == 0
+    code, out, _ = fc("add", "release", "--title", "Release 1.0")
+    assert code == 0 and out.startswith("updated release: priority 5, after build; pending")
+    doc = json.loads(fc("get", "release", "--json")[1])["queue"]
+    assert (doc["title"], doc["labels"], doc["depends_on"]) == ("Release 1.0", ["ship"],
+                                                                ["build"])
+    assert fc("claim", "release", "--owner", "x")[0] == 3  # still waits for build
+    code, out, _ = fc("add", "release", "--no-after", "--no-labels", "--title", "", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["changed"] is True
+    assert (doc["depends_on"], doc["labels"], doc["title"], doc["priority"]) == ([], [], None, 5)
+    assert fc("add", "release", "--after", "a", "--no-after")[0] == 2
+
+
 def test_next_in_a_real_process_exits_3_when_nothing_is_ready(tmp_path: Path) -> None:
     d = tmp_path / "r"
     assert cli(d, "add", "only").returncode == 0

@@ -23,8 +23,9 @@ Labels = Annotated[list[str] | None, Field(
 Title = Annotated[str | None, Field(max_length=200, description="A one-line summary.")]
 Description = Annotated[str | None, Field(max_length=20000,
                                           description="What to do, as long as it needs.")]
-Priority = Annotated[int, Field(ge=-1_000_000, le=1_000_000,
-                                description="Lower numbers are handed out first.")]
+Priority = Annotated[int | None, Field(
+    ge=-1_000_000, le=1_000_000,
+    description="Lower numbers are handed out first (a new task: 100).")]
 Reason = Annotated[str, Field(max_length=2000, description="Why, for the audit log.")]
 
 
@@ -37,12 +38,11 @@ class PlanningTools(ServerHost):
     """``add``, ``add_many``, ``depend``, ``block``, ``unblock`` and ``transition``."""
 
     def add(self, task: Task, title: Title = None, description: Description = None,
-            labels: Labels = None, priority: Priority = 100, depends_on: Names = None,
+            labels: Labels = None, priority: Priority = None, depends_on: Names = None,
             ) -> CallToolResult:
-        def op() -> dict[str, Any]:
-            t = self.registry.add(task, title=title, description=description,
-                                  labels=labels or (), priority=priority,
-                                  depends_on=depends_on or (), actor=self.owner)
+        def op() -> dict[str, Any]:  # (an argument left out keeps a queued task's value)
+            t = self.registry.add(task, title=title, description=description, labels=labels,
+                                  priority=priority, depends_on=depends_on, actor=self.owner)
             status = self.registry.task(t.task)
             return {**task_doc(t), "status": status.status if status else None}
 
@@ -98,7 +98,9 @@ class PlanningTools(ServerHost):
 
 TOOLS = {
     "add": "Put a task in the work queue (or update it), with a title, a description, labels, "
-           "a priority and the tasks it depends on. Repeating it changes nothing.",
+           "a priority and the tasks it depends on. An update changes only the arguments "
+           "given (labels and depends_on as given replace the lists; [] empties them). "
+           "Repeating it changes nothing.",
     "add_many": "Put many tasks in the work queue in one transaction (all or none); a task may "
                 "depend on another of the same batch.",
     "depend": "Make a queued task also wait until the tasks in `on` are completed.",

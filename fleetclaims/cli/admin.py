@@ -76,7 +76,8 @@ def cmd_merge(args: argparse.Namespace, out: Out) -> int:
         out.line(f"  {task}: changed on both sides; the later change was kept")
     for loop in plan.cycles:
         out.line(f"  dependency loop {' -> '.join(loop)}: these tasks stay pending until one "
-                 f"drops a dependency (fleetclaims add {loop[0]} --depends-on ...)")
+                 f"drops a dependency (fleetclaims add {loop[0]} --after ... naming the ones "
+                 "it keeps, or --no-after)")
     return EXIT_OK
 
 

@@ -34,20 +34,29 @@ EXAMPLES = {
 
 
 def add_parsers(add: AddParser) -> None:
-    p = add("add", "put a task in the work queue (or update it); repeats change nothing")
+    p = add("add", "put a task in the work queue, or update it: an update changes only the "
+            "options given; repeats change nothing")
     p.add_argument("task", nargs="?", help="the task id (or give --from FILE)")
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="add every task of FILE in one transaction: JSON Lines or one JSON "
                    "list of objects with id, title, description, labels, priority, depends_on "
                    "('-' reads standard input)")
-    p.add_argument("--title", help="a one-line summary shown by tasks, get, next and brief")
+    p.add_argument("--title", help="a one-line summary shown by tasks, get, next and brief "
+                   "('' clears it)")
     p.add_argument("--description", help="what to do, shown by get, next and brief")
-    p.add_argument("--priority", type=int, default=100,
-                   help="lower numbers are handed out first (default 100)")
-    p.add_argument("--after", "--depends-on", dest="depends_on", action="append", default=[],
-                   metavar="TASK", help="a task that must be completed first (repeatable)")
-    p.add_argument("--label", dest="labels", action="append", default=[],
-                   help="a label workers can ask for with `claim-next --label` (repeatable)")
+    p.add_argument("--priority", type=int, default=None,
+                   help="lower numbers are handed out first (a new task: 100)")
+    deps = p.add_mutually_exclusive_group()
+    deps.add_argument("--after", "--depends-on", dest="depends_on", action="append",
+                      default=None, metavar="TASK",
+                      help="a task that must be completed first (repeatable; on an update, "
+                      "the whole set: `depend` adds to it)")
+    deps.add_argument("--no-after", action="store_true", help="drop every dependency")
+    labels = p.add_mutually_exclusive_group()
+    labels.add_argument("--label", dest="labels", action="append", default=None,
+                        help="a label workers can ask for with `claim-next --label` "
+                        "(repeatable; on an update, the whole set)")
+    labels.add_argument("--no-labels", action="store_true", help="drop every label")
     p.add_argument("--note")
 
     p = add("depend", "make a queued task also wait for other tasks")
@@ -102,9 +111,10 @@ def cmd_add(args: argparse.Namespace, out: Out) -> int:
     reg = registry(args)
     seq = reg.stats().seq
     existed = reg.task(args.task) is not None
-    t = reg.add(args.task, priority=args.priority, depends_on=args.depends_on,
-                labels=args.labels, note=args.note, title=args.title,
-                description=args.description)
+    t = reg.add(args.task, priority=args.priority,
+                depends_on=[] if args.no_after else args.depends_on,
+                labels=[] if args.no_labels else args.labels, note=args.note,
+                title=args.title, description=args.description)
     changed = reg.stats().seq != seq
     if out.json:
         out.doc({**_task_doc(t), "changed": changed})
@@ -121,8 +131,8 @@ def _add_from(args: argparse.Namespace, out: Out) -> int:
     """``add --from FILE``: every task of the file in one transaction (all or none)."""
     given = [f"--{n}" for n, v in (("title", args.title), ("description", args.description),
                                    ("note", args.note)) if v is not None]
-    if args.task is not None or args.depends_on or args.labels or given \
-            or args.priority != 100:
+    if args.task is not None or args.depends_on is not None or args.labels is not None \
+            or given or args.priority is not None or args.no_after or args.no_labels:
         raise ValidationError("from", "takes every field from the file; give no TASK or "
                               "other options with it")
     items = read_tasks(args.from_file)

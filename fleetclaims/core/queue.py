@@ -14,6 +14,7 @@ Pure like the rest of ``core``: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .errors import DependencyCycle, TaskNotReady, UnknownTask, ValidationError
@@ -110,12 +111,44 @@ def find_cycle(tasks: Lookup, task: str, deps: Iterable[str]) -> list[str] | Non
     return None
 
 
+@dataclass(frozen=True)
+class TaskPatch:
+    """What one ``add`` gives for a task: each field is None when not given. A new task takes
+    the defaults for the fields not given; a queued one keeps its own (an update changes
+    only what was given). An empty text (title, description, note) clears that field; empty
+    ``labels`` or ``depends_on`` clear those sets."""
+
+    task: str
+    priority: int | None = None
+    depends_on: tuple[str, ...] | None = None
+    labels: tuple[str, ...] | None = None
+    note: str | None = None
+    title: str | None = None
+    description: str | None = None
+
+    def over(self, current: Task | None) -> Task:
+        """The task as this add leaves ``current`` (None: not queued yet)."""
+        base = current if current is not None else Task(self.task)
+        given: dict[str, Any] = {}
+        for name in _PATCHED:
+            value = getattr(self, name)
+            if value is not None:
+                given[name] = None if value == "" else value
+        return replace(base, **given) if given else base
+
+
+_PATCHED = ("priority", "depends_on", "labels", "note", "title", "description")
+
+
 def add_events(
-    tasks: Lookup, spec: Task, actor: str
+    tasks: Lookup, spec: Task | TaskPatch, actor: str
 ) -> tuple[tuple[dict[str, Any], ...], Task | None]:
     """``add``: a task_added event, a task_updated event naming what changed, or nothing for
-    an identical repeat (then the current record is returned)."""
+    an identical repeat (then the current record is returned). A ``TaskPatch`` changes only
+    the fields it gives; a ``Task`` is the whole new definition."""
     current = tasks.get(spec.task)
+    if isinstance(spec, TaskPatch):
+        spec = spec.over(current)
     if current is not None and current.same_spec(spec):
         return (), current
     cycle = find_cycle(tasks, spec.task, spec.depends_on)
@@ -133,8 +166,7 @@ def add_events(
                    if (v := getattr(spec, k)) is not None})
     if current is None:
         return ({"type": TASK_ADDED, **fields},), None
-    changed = [name for name in ("priority", "depends_on", "labels", "note", "title",
-                                 "description")
+    changed = [name for name in _PATCHED
                if getattr(current, name) != getattr(spec, name)]
     return ({"type": TASK_UPDATED, **fields, "changed": changed},), None
 
@@ -152,7 +184,7 @@ class _Overlay:
 
 
 def add_many_events(
-    tasks: Lookup, specs: Iterable[Task], actor: str
+    tasks: Lookup, specs: Iterable[Task | TaskPatch], actor: str
 ) -> tuple[dict[str, Any], ...]:
     """``add`` of each spec in order, as one batch: a later spec sees the earlier ones (its
     dependencies, a cycle among them), identical repeats write nothing, a task named twice
@@ -165,6 +197,8 @@ def add_many_events(
             raise ValidationError("tasks", "name a task twice; each task once per batch",
                                   value=spec.task)
         seen.add(spec.task)
+        if isinstance(spec, TaskPatch):
+            spec = spec.over(overlay.get(spec.task))
         found, _ = add_events(overlay, spec, actor)
         events.extend(found)
         overlay.added[spec.task] = spec
@@ -233,7 +267,8 @@ def queue_times(events: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, floa
 __all__ = [
     "BECAME_READY", "BLOCKED", "DONE", "HELD", "PENDING", "READINESS_ORDER", "READY",
     "TASK_ADDED", "TASK_BLOCKED", "TASK_EVENTS", "TASK_UNBLOCKED", "TASK_UPDATED", "Key",
-    "Lookup", "QueueIndex", "Readiness", "Task", "TaskStatus", "TaskTable", "add_events",
+    "Lookup", "QueueIndex", "Readiness", "Task", "TaskPatch", "TaskStatus", "TaskTable",
+    "add_events",
     "add_many_events",
     "became_ready_after", "completed", "eligible", "find_cycle", "not_ready", "queue_times",
     "require", "status",

@@ -521,7 +521,7 @@ def decide_sweep(state: State, now: Now, verdict_of: VerdictOf, actor: str) -> D
 # --- the work queue ------------------------------------------------------------------------
 
 
-def decide_add(state: State, spec: Task, actor: str) -> Decision:
+def decide_add(state: State, spec: Task | queue.TaskPatch, actor: str) -> Decision:
     """Put a task in the queue, or update it; an identical repeat writes nothing."""
     try:
         events, current = queue.add_events(state.tasks, spec, actor)
@@ -530,7 +530,8 @@ def decide_add(state: State, spec: Task, actor: str) -> Decision:
     return Decision(events, result=current)
 
 
-def decide_add_many(state: State, specs: tuple[Task, ...], actor: str) -> Decision:
+def decide_add_many(state: State, specs: tuple[Task | queue.TaskPatch, ...],
+                    actor: str) -> Decision:
     """Put several tasks in the queue in one transaction: all of them or none."""
     try:
         events = queue.add_many_events(state.tasks, specs, actor)

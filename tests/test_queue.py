@@ -214,6 +214,20 @@ def test_depend_adds_edges_and_unknown_tasks_are_refused(registry: Registry) -> 
     assert reg.unblock("t") is True and reg.unblock("t") is False
 
 
+def test_depend_keeps_the_dependency_limit_of_add(registry: Registry) -> None:
+    """depend could grow a task past the 256 dependencies add allows: the resulting set is
+    checked, refused as invalid input, and nothing is written."""
+    reg = registry
+    reg.add("x", depends_on=[f"d{i}" for i in range(256)])
+    seq = reg.stats().seq
+    with pytest.raises(ValidationError, match="at most 256") as err:
+        reg.depend("x", on=["d256", "d257"])
+    assert err.value.field == "on"
+    assert reg.stats().seq == seq
+    assert len(reg.task("x").task.depends_on) == 256  # type: ignore[union-attr]
+    assert len(reg.depend("x", on=["d0", "d255"]).depends_on) == 256  # already there: fine
+
+
 # --- claim_next -----------------------------------------------------------------------------
 
 

@@ -44,6 +44,7 @@ from .model import (
 )
 from .ports import ClaimView, TaskView
 from .state import QueueIndex, TaskTable, completed, eligible
+from .validate import NAMES_MAX
 
 
 def status(task: Task, claims: ClaimView) -> TaskStatus:
@@ -138,6 +139,17 @@ class TaskPatch:
 
 
 _PATCHED = ("priority", "depends_on", "labels", "note", "title", "description")
+
+
+def depend_patch(current: Task, on: Iterable[str]) -> TaskPatch:
+    """``depend``: ``current`` waiting also for ``on``; refused (nothing written) when the
+    task would then wait for more than NAMES_MAX tasks, the limit ``add`` enforces."""
+    deps = frozenset({*current.depends_on, *on})
+    if len(deps) > NAMES_MAX:
+        raise ValidationError(
+            "on", f"would make {current.task!r} wait for {len(deps)} tasks; a task may depend "
+            f"on at most {NAMES_MAX} (it has {len(current.depends_on)})")
+    return TaskPatch(current.task, depends_on=tuple(sorted(deps)))
 
 
 def add_events(
@@ -268,8 +280,6 @@ __all__ = [
     "BECAME_READY", "BLOCKED", "DONE", "HELD", "PENDING", "READINESS_ORDER", "READY",
     "TASK_ADDED", "TASK_BLOCKED", "TASK_EVENTS", "TASK_UNBLOCKED", "TASK_UPDATED", "Key",
     "Lookup", "QueueIndex", "Readiness", "Task", "TaskPatch", "TaskStatus", "TaskTable",
-    "add_events",
-    "add_many_events",
-    "became_ready_after", "completed", "eligible", "find_cycle", "not_ready", "queue_times",
-    "require", "status",
+    "add_events", "add_many_events", "became_ready_after", "completed", "depend_patch",
+    "eligible", "find_cycle", "not_ready", "queue_times", "require", "status",
 ]

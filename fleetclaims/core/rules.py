@@ -541,13 +541,12 @@ def decide_add_many(state: State, specs: tuple[Task | queue.TaskPatch, ...],
 
 
 def decide_depend(state: State, task: str, on: tuple[str, ...], actor: str) -> Decision:
-    """Add dependencies to a queued task (refusing a cycle)."""
+    """Add dependencies to a queued task (refusing a cycle, or more than 256 of them)."""
     try:
-        current = queue.require(state.tasks, task)
+        spec = queue.depend_patch(queue.require(state.tasks, task), on)
     except FleetclaimsError as exc:
         return Decision((), exc)
-    return decide_add(state, replace(current, depends_on=tuple(sorted({*current.depends_on, *on}))),
-                      actor)
+    return decide_add(state, spec, actor)
 
 
 def decide_block(state: State, task: str, reason: str, actor: str) -> Decision:

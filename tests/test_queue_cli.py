@@ -85,6 +85,31 @@ def test_add_on_a_queued_task_changes_only_the_options_given(
     assert fc("add", "release", "--after", "a", "--no-after")[0] == 2
 
 
+@pytest.mark.parametrize("argv, code", [
+    (["add", "bad!"], 2), (["add", "t", "--label", "bad!"], 2),
+    (["add", "t", "--priority", "1000001"], 2), (["add", "t", "--after", "t"], 2),
+    (["add", "--from", "BATCH"], 2), (["block", "nosuch", "--reason", "r"], 1),
+    (["unblock", "nosuch"], 1), (["depend", "nosuch", "--on", "x"], 1),
+])
+@pytest.mark.parametrize("empty_dir", [False, True])
+def test_a_refused_queue_command_creates_no_registry(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int,
+        empty_dir: bool) -> None:
+    """Refused (exit 1 or 2, "nothing was written") where no registry exists yet: no
+    .gitignore, claims.lock or journal with a registry_created line is left there."""
+    d = tmp_path / "r"
+    if empty_dir:
+        d.mkdir()
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text('{"id": "a", "depends_on": ["b"]}\n{"id": "b", "depends_on": ["a"]}\n')
+    argv = [str(batch) if a == "BATCH" else a for a in argv]
+    got, _, err = run_cli([*argv, "--dir", str(d)], capsys)
+    assert got == code and "nothing was written" in err
+    assert (sorted(p.name for p in d.iterdir()) if d.exists() else None) == (
+        [] if empty_dir else None)
+    assert run_cli(["add", "t", "--dir", str(d)], capsys)[0] == 0  # the same place: made
+
+
 def test_next_in_a_real_process_exits_3_when_nothing_is_ready(tmp_path: Path) -> None:
     d = tmp_path / "r"
     assert cli(d, "add", "only").returncode == 0

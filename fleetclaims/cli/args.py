@@ -123,6 +123,39 @@ def registry(args: argparse.Namespace, **extra: Any) -> Registry:
                     **extra)
 
 
+def writer(args: argparse.Namespace, trial: Callable[[Registry], object]) -> Registry:
+    """A Registry for a command that writes, given as ``trial``. Where the command would
+    create the registry (a directory that does not exist yet, or is empty), ``trial`` runs
+    first on an empty registry in memory: a refusal (an invalid argument, a task that is not
+    in the queue, a dependency cycle) is raised from there, so a refused command leaves
+    nothing behind, not even the new registry's files."""
+    from ..location import is_url, resolve
+
+    location = resolve(args.dir)
+    if not is_url(location) and _unmade(location):
+        from pathlib import Path
+
+        from ..api import Registry
+        from ..store.file.anchor import check_vanished
+        from ..store.memory import MemoryStore
+        from ..system import SystemClock
+
+        check_vanished(Path(location))  # (a registry removed from here: HistoryLost, as ever)
+        trial(Registry(store=MemoryStore(clock=SystemClock(), location=location)))
+    return registry(args)
+
+
+def _unmade(location: str) -> bool:
+    """Whether no registry lives at ``location`` and a write would make one there."""
+    try:
+        names = set(os.listdir(location))
+    except FileNotFoundError:
+        return True
+    except OSError:  # not a directory, unreadable ...: the store reports it
+        return False
+    return not names - {".gitignore"}
+
+
 def reader(args: argparse.Namespace, **extra: Any) -> Registry:
     """A Registry for a command that only reads, which never creates one. A registry named
     by hand (--dir) must exist: a typo is refused (RegistryNotFound). One that comes from the

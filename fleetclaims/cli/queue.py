@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.durations import relative
 from ..core.errors import ValidationError
-from .args import AddParser, Handler, dur, reader, registry
+from .args import AddParser, Handler, dur, reader, registry, writer
 from .output import EXIT_OK, claim_doc, exit_code, show_claim
 from .paths import paths_options
 from .who import owner_of, owner_option, wait_option
 
 if TYPE_CHECKING:
+    from ..api import Registry
     from ..core.queue import Task, TaskStatus
     from .output import Out
 
@@ -108,13 +109,17 @@ def cmd_add(args: argparse.Namespace, out: Out) -> int:
         return _add_from(args, out)
     if args.task is None:
         raise ValidationError("task", "is missing: fleetclaims add TASK, or add --from FILE")
-    reg = registry(args)
+
+    def add(reg: Registry) -> Task:
+        return reg.add(args.task, priority=args.priority,
+                       depends_on=[] if args.no_after else args.depends_on,
+                       labels=[] if args.no_labels else args.labels, note=args.note,
+                       title=args.title, description=args.description)
+
+    reg = writer(args, add)
     seq = reg.stats().seq
     existed = reg.task(args.task) is not None
-    t = reg.add(args.task, priority=args.priority,
-                depends_on=[] if args.no_after else args.depends_on,
-                labels=[] if args.no_labels else args.labels, note=args.note,
-                title=args.title, description=args.description)
+    t = add(reg)
     changed = reg.stats().seq != seq
     if out.json:
         out.doc({**_task_doc(t), "changed": changed})
@@ -136,7 +141,7 @@ def _add_from(args: argparse.Namespace, out: Out) -> int:
         raise ValidationError("from", "takes every field from the file; give no TASK or "
                               "other options with it")
     items = read_tasks(args.from_file)
-    reg = registry(args)
+    reg = writer(args, lambda r: r.add_many(items))
     written = reg.add_many(items)
     if out.json:
         out.doc({"tasks": len(items), "events": written})
@@ -181,8 +186,10 @@ def read_tasks(path: str) -> list[Any]:
 
 
 def cmd_depend(args: argparse.Namespace, out: Out) -> int:
-    reg = registry(args)
-    t = reg.depend(args.task, on=args.on)
+    def depend(reg: Registry) -> Task:
+        return reg.depend(args.task, on=args.on)
+
+    t = depend(writer(args, depend))
     if out.json:
         out.doc(_task_doc(t))
     else:
@@ -191,7 +198,10 @@ def cmd_depend(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_block(args: argparse.Namespace, out: Out) -> int:
-    changed = registry(args).block(args.task, reason=args.reason)
+    def block(reg: Registry) -> bool:
+        return reg.block(args.task, reason=args.reason)
+
+    changed = block(writer(args, block))
     if out.json:
         out.doc({"task": args.task, "blocked": True, "changed": changed})
     else:
@@ -200,8 +210,11 @@ def cmd_block(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_unblock(args: argparse.Namespace, out: Out) -> int:
-    reg = registry(args)
-    changed = reg.unblock(args.task, reason=args.reason)
+    def unblock(reg: Registry) -> bool:
+        return reg.unblock(args.task, reason=args.reason)
+
+    reg = writer(args, unblock)
+    changed = unblock(reg)
     status = reg.task(args.task)
     if out.json:
         out.doc({"task": args.task, "blocked": False, "changed": changed,

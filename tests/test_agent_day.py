@@ -267,6 +267,9 @@ def test_run_next_runs_the_best_ready_task(tmp_path: Path) -> None:
     marker = tmp_path / "started"
     none = cli(d, "run", "--next", "--label", "nope", "--", "touch", str(marker), env=env)
     assert none.returncode == 3 and not marker.exists()
+    assert none.stderr.startswith("fleetclaims: nothing ready to run")
+    none = cli(d, "--json", "run", "--next", "--label", "nope", "--", "true", env=env)
+    assert json.loads(none.stdout)["message"] == none.stderr[len("fleetclaims: "):].strip()
     waiting = start(d, "run", "--next", "--label", "late", "--wait", "20s", "--", sys.executable,
                     "-c", "import os; print(os.environ['FLEETCLAIMS_TASK'])", env=env)
     time.sleep(1.0)

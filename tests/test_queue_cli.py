@@ -47,10 +47,13 @@ def test_queue_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert code == 0
     claim = json.loads(out)
     assert claim["task"] == "docs" and claim["priority"] == 5 and claim["token"]
-    code, out, _ = fc("next", "--owner", "b", "--json")
+    code, out, err = fc("next", "--owner", "b", "--json")
     assert code == 3 and json.loads(out) == {
         "task": None, "error": "nothing_ready",
+        "message": "nothing ready (1 held, 1 pending, 1 blocked); nothing was claimed. Wait "
+        "and retry (--wait DURATION), or see `fleetclaims tasks`.",
         "queue": {"ready": 0, "held": 1, "pending": 1, "blocked": 1, "completed": 0}}
+    assert err == "fleetclaims: " + json.loads(out)["message"] + "\n"  # (as every error)
     assert fc("complete", "docs", "--token", claim["token"])[0] == 0
     code, out, _ = fc("unblock", "tests", "--json")
     assert json.loads(out) == {"task": "tests", "blocked": False, "changed": True,
@@ -116,7 +119,8 @@ def test_next_in_a_real_process_exits_3_when_nothing_is_ready(tmp_path: Path) ->
     first = cli(d, "next", "--owner", "a")
     assert first.returncode == 0 and "claimed only for a" in first.stdout
     second = cli(d, "next", "--owner", "b")
-    assert second.returncode == 3 and "nothing ready (1 held)" in second.stdout
+    assert second.returncode == 3 and second.stdout == ""  # the message goes to stderr
+    assert second.stderr.startswith("fleetclaims: nothing ready (1 held); nothing was claimed")
 
 
 def test_queue_times_and_report(tmp_path: Path) -> None:

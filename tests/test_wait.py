@@ -191,4 +191,4 @@ def test_cli_claim_wait_and_next_wait(tmp_path: Path) -> None:
     assert (doc["task"], doc["title"], doc["description"]) == (
         "fresh", "A fresh task", "Do the fresh thing.")
     timed_out = cli(d, "next", "--wait", "0.5s", env={"FLEETCLAIMS_OWNER": "x"})
-    assert timed_out.returncode == 3 and "nothing ready" in timed_out.stdout
+    assert timed_out.returncode == 3 and "nothing ready" in timed_out.stderr

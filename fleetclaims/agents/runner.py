@@ -53,12 +53,13 @@ def run_next(reg: Registry, cmd: list[str], opts: RunOptions) -> int:
                            shared_paths=opts.shared_paths)
     if claim is None:
         counts = reg.stats().queue
+        summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "queue empty"
+        message = (f"nothing ready to run ({summary}); nothing was started. Use --wait "
+                   "DURATION to wait for a task.")
         if opts.json_out:
-            print(json.dumps({"task": None, "error": "nothing_ready", "queue": counts}))
-        else:
-            summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "queue empty"
-            sys.stderr.write(f"fleetclaims: nothing ready to run ({summary}); nothing was "
-                             "started. Use --wait DURATION to wait for a task.\n")
+            print(json.dumps({"task": None, "error": "nothing_ready", "message": message,
+                              "queue": counts}))
+        sys.stderr.write(f"fleetclaims: {message}\n")
         return EXIT_CONFLICT
     return _run_claimed(reg, Lease(reg, claim), cmd, opts)
 

@@ -246,13 +246,23 @@ def cmd_claim_next(args: argparse.Namespace, out: Out) -> int:
             out.line(queued.task.description)
         return EXIT_OK
     counts = reg.stats().queue
-    if out.json:
-        out.doc({"task": None, "error": "nothing_ready", "queue": counts})
-    else:
-        summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "the queue is empty"
-        out.line(f"nothing ready{' with those labels' if args.labels else ''} ({summary}). "
-                 "Wait and retry, or see `fleetclaims tasks`.")
+    summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "the queue is empty"
+    nothing_ready(out, f"nothing ready{' with those labels' if args.labels else ''} "
+                  f"({summary}); nothing was claimed. Wait and retry (--wait DURATION), or "
+                  "see `fleetclaims tasks`.", counts)
     return exit_code("nothing_ready")
+
+
+def nothing_ready(out: Out, message: str, counts: dict[str, int]) -> None:
+    """No ready task, told as every error is: with --json a document with ``error`` and
+    ``message`` (and the queue's counts) on stdout; the message for people on stderr."""
+    import contextlib
+    import sys
+
+    if out.json:
+        out.doc({"task": None, "error": "nothing_ready", "message": message, "queue": counts})
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"fleetclaims: {message}\n")
 
 
 def cmd_ready(args: argparse.Namespace, out: Out) -> int:

@@ -113,6 +113,22 @@ def test_a_refused_queue_command_creates_no_registry(
     assert run_cli(["add", "t", "--dir", str(d)], capsys)[0] == 0  # the same place: made
 
 
+@pytest.mark.parametrize("text, where", [
+    ('{"id": "a"}\n{"id": "b"}\n{"id": "c"\n', "line 3, column 11"),
+    ('# c\n\n{"id": "a"}\n{"id": "b"} trailing\n', "line 4, column 13"),
+    ('{"id": "a"}\r\n\r\n{"id": }\r\n', "line 3, column 8"),
+    ('\n\n[{"id": "a"},\n {"id": }]\n', "line 4, column 9"),
+])
+def test_add_from_names_the_line_of_a_json_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, where: str) -> None:
+    """A JSON error on a later line of the file was reported as line 1 (the line number of
+    the one line decoded)."""
+    f = tmp_path / "tasks.jsonl"
+    f.write_bytes(text.encode())
+    code, _, err = run_cli(["add", "--from", str(f), "--dir", str(tmp_path / "r")], capsys)
+    assert code == 2 and f"({where}: " in err
+
+
 def test_next_in_a_real_process_exits_3_when_nothing_is_ready(tmp_path: Path) -> None:
     d = tmp_path / "r"
     assert cli(d, "add", "only").returncode == 0

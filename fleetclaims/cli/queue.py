@@ -169,19 +169,32 @@ def read_tasks(path: str) -> list[Any]:
         raise ValidationError("from", f"cannot read {path}: {exc}") from None
     if len(text) > 64 * 1024 * 1024:
         raise ValidationError("from", f"{path} is larger than 64 MiB; add it in parts")
-    stripped = text.lstrip()
-    try:
-        if stripped.startswith("["):
-            items = json.loads(stripped)
-        else:
-            items = [json.loads(line) for line in text.splitlines()
-                     if line.strip() and not line.lstrip().startswith("#")]
+    try:  # (a list's errors count the lines of the whole text, as _json_lines' do)
+        items = json.loads(text) if text.lstrip().startswith("[") else _json_lines(text)
     except (json.JSONDecodeError, RecursionError) as exc:
-        where = f" (line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
-        raise ValidationError("from", f"{path} is not JSON Lines or a JSON list{where}: "
-                              f"{exc}") from None
+        where = (f" (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+                 if isinstance(exc, json.JSONDecodeError) else " (nested too deeply)")
+        raise ValidationError("from", f"{path} is not JSON Lines or a JSON list{where}") \
+            from None
     if not isinstance(items, list) or not items:
         raise ValidationError("from", f"{path} holds no tasks")
+    return items
+
+
+def _json_lines(text: str) -> list[Any]:
+    """One JSON value a line (blank lines and # comments skipped). An error is raised at its
+    place in the whole text, so its line is the file's, not 1 of the one line decoded."""
+    import json
+
+    items = []
+    start = 0  # where the line begins in text
+    for line in text.split("\n"):
+        if line.strip() and not line.lstrip().startswith("#"):
+            try:
+                items.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise json.JSONDecodeError(exc.msg, text, start + exc.pos) from None
+        start += len(line) + 1
     return items
 
 

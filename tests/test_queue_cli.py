@@ -129,6 +129,30 @@ def test_add_from_names_the_line_of_a_json_error(
     assert code == 2 and f"({where}: " in err
 
 
+def test_changes_are_recorded_as_fleetclaims_owner(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With FLEETCLAIMS_OWNER set, the queue changes and release --force recorded the actor
+    "operator" (or $USER); --actor, where a command has it, still wins."""
+    d = str(tmp_path / "r")
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text('{"id": "e3"}\n')
+    monkeypatch.setenv("FLEETCLAIMS_OWNER", "agent-q")
+    monkeypatch.setenv("USER", "someone")
+    for argv in (["add", "e1"], ["add", "e2"], ["add", "--from", str(batch)],
+                 ["depend", "e2", "--on", "e1"], ["block", "e1", "--reason", "r"],
+                 ["unblock", "e1"], ["claim", "c1"], ["release", "c1", "--force", "--reason", "x"],
+                 ["claim", "c2"], ["release", "c2", "--force", "--reason", "x", "--actor", "ops"]):
+        assert run_cli([*argv, "--dir", d], capsys)[0] == 0, argv
+    actors = {(e.type, e.task): e.get("actor") for e in Registry(d).events(limit=100).events
+              if e.type != "registry_created"}
+    assert actors.pop(("claim_released_forced", "c2")) == "ops"
+    assert set(actors.values()) == {"agent-q"}, actors
+    monkeypatch.delenv("FLEETCLAIMS_OWNER")
+    assert run_cli(["add", "e4", "--dir", d], capsys)[0] == 0
+    assert Registry(d).task("e4").task.added_by == "operator"  # type: ignore[union-attr]
+
+
 def test_next_in_a_real_process_exits_3_when_nothing_is_ready(tmp_path: Path) -> None:
     d = tmp_path / "r"
     assert cli(d, "add", "only").returncode == 0

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +12,7 @@ from .args import AddParser, Handler, dur, json_arg, reader, registry, token, to
 from .output import EXIT_OK, claim_doc, data_doc, paths_text, show_claim
 from .paths import paths_options
 from .sync import remote_arg, remote_option
-from .who import owner_of, owner_option, wait_option
+from .who import actor_of, operator_default, owner_of, owner_option, wait_option
 
 if TYPE_CHECKING:
 
@@ -75,7 +74,8 @@ def _add_write_parsers(add: AddParser) -> None:
     token_option(p)
     p.add_argument("--force", action="store_true", help="release whoever holds it")
     p.add_argument("--reason", help="required with --force")
-    p.add_argument("--actor", default=os.environ.get("USER", "operator"), help="who forces it")
+    p.add_argument("--actor", default=None,
+                   help="who forces it (default: $FLEETCLAIMS_OWNER, else $USER)")
     remote_option(p)
 
     p = add("complete", "mark a task done")
@@ -117,7 +117,8 @@ def _add_write_parsers(add: AddParser) -> None:
     p = add("reopen", "make a completed task claimable again")
     p.add_argument("task")
     p.add_argument("--reason", required=True)
-    p.add_argument("--actor", default=os.environ.get("USER", "operator"))
+    p.add_argument("--actor", default=None,
+                   help="who reopens it (default: $FLEETCLAIMS_OWNER, else $USER)")
 
 
 def _add_read_parsers(add: AddParser) -> None:
@@ -185,7 +186,8 @@ def cmd_renew(args: argparse.Namespace, out: Out) -> int:
 def cmd_release(args: argparse.Namespace, out: Out) -> int:
     reg = registry(args)
     if args.force:
-        done = reg.release(args.task, force=True, reason=args.reason, actor=args.actor)
+        done = reg.release(args.task, force=True, reason=args.reason,
+                           actor=actor_of(args, operator_default()))
     else:
         done = reg.release(args.task, token=token(args), remote=remote_arg(args, reg))
     if out.json:
@@ -231,7 +233,8 @@ def cmd_handoff(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_reopen(args: argparse.Namespace, out: Out) -> int:
-    c = registry(args).reopen(args.task, reason=args.reason, actor=args.actor)
+    c = registry(args).reopen(args.task, reason=args.reason,
+                              actor=actor_of(args, operator_default()))
     if out.json:
         out.doc({"task": args.task, "reopened": c is not None})
     else:

@@ -12,7 +12,7 @@ from ..core.errors import ValidationError
 from .args import AddParser, Handler, dur, reader, registry, writer
 from .output import EXIT_OK, claim_doc, exit_code, show_claim
 from .paths import paths_options
-from .who import owner_of, owner_option, wait_option
+from .who import actor_of, owner_of, owner_option, wait_option
 
 if TYPE_CHECKING:
     from ..api import Registry
@@ -114,7 +114,8 @@ def cmd_add(args: argparse.Namespace, out: Out) -> int:
         return reg.add(args.task, priority=args.priority,
                        depends_on=[] if args.no_after else args.depends_on,
                        labels=[] if args.no_labels else args.labels, note=args.note,
-                       title=args.title, description=args.description)
+                       title=args.title, description=args.description,
+                       actor=actor_of(args))
 
     reg = writer(args, add)
     seq = reg.stats().seq
@@ -141,8 +142,9 @@ def _add_from(args: argparse.Namespace, out: Out) -> int:
         raise ValidationError("from", "takes every field from the file; give no TASK or "
                               "other options with it")
     items = read_tasks(args.from_file)
-    reg = writer(args, lambda r: r.add_many(items))
-    written = reg.add_many(items)
+    actor = actor_of(args)
+    reg = writer(args, lambda r: r.add_many(items, actor=actor))
+    written = reg.add_many(items, actor=actor)
     if out.json:
         out.doc({"tasks": len(items), "events": written})
     else:
@@ -200,7 +202,7 @@ def _json_lines(text: str) -> list[Any]:
 
 def cmd_depend(args: argparse.Namespace, out: Out) -> int:
     def depend(reg: Registry) -> Task:
-        return reg.depend(args.task, on=args.on)
+        return reg.depend(args.task, on=args.on, actor=actor_of(args))
 
     t = depend(writer(args, depend))
     if out.json:
@@ -212,7 +214,7 @@ def cmd_depend(args: argparse.Namespace, out: Out) -> int:
 
 def cmd_block(args: argparse.Namespace, out: Out) -> int:
     def block(reg: Registry) -> bool:
-        return reg.block(args.task, reason=args.reason)
+        return reg.block(args.task, reason=args.reason, actor=actor_of(args))
 
     changed = block(writer(args, block))
     if out.json:
@@ -224,7 +226,7 @@ def cmd_block(args: argparse.Namespace, out: Out) -> int:
 
 def cmd_unblock(args: argparse.Namespace, out: Out) -> int:
     def unblock(reg: Registry) -> bool:
-        return reg.unblock(args.task, reason=args.reason)
+        return reg.unblock(args.task, reason=args.reason, actor=actor_of(args))
 
     reg = writer(args, unblock)
     changed = unblock(reg)

@@ -1,5 +1,6 @@
 """Options the claiming commands share (``claim``, ``claim-next``, ``recover``, ``run``):
-who claims (``--owner`` or ``$FLEETCLAIMS_OWNER``) and how long to wait (``--wait``)."""
+who claims (``--owner`` or ``$FLEETCLAIMS_OWNER``) and how long to wait (``--wait``); and
+who a change is recorded as (``actor_of``)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,19 @@ def owner_of(args: argparse.Namespace) -> str:
     if owner is None:
         raise ValidationError("owner", "is required: pass --owner NAME or set FLEETCLAIMS_OWNER")
     return str(owner)
+
+
+def actor_of(args: argparse.Namespace, default: str = "operator") -> str:
+    """Who a change is recorded as (its events' ``actor``): ``--actor`` where the command has
+    it, else ``$FLEETCLAIMS_OWNER`` (every command honours it), else ``default``."""
+    given = getattr(args, "actor", None)
+    return str(given or os.environ.get("FLEETCLAIMS_OWNER") or default)
+
+
+def operator_default() -> str:
+    """The actor of an operator's command (``release --force``, ``reopen``) when neither
+    ``--actor`` nor ``$FLEETCLAIMS_OWNER`` names one: the login name, else "operator"."""
+    return os.environ.get("USER") or "operator"
 
 
 WAIT_MAX = 7 * 86400.0  # --wait without a duration: a week (_wait.WAIT_MAX, the longest)

@@ -14,10 +14,7 @@ from ._reads import OwnerStats, Stats
 from .core import events as ev
 from .core import rules, validate
 from .core.chain import token_hash
-from .core.errors import (
-    AccessDenied,
-    ValidationError,
-)
+from .core.errors import AccessDenied, AuditCorrupt, ValidationError
 from .core.model import DEAD, UNKNOWN_VERDICT, Claim, Identity, Now, Verdict
 from .core.rules import Decision, Grant, SweepReport
 from .core.state import State
@@ -245,19 +242,17 @@ class Registry(QueueMethods):
 
     def renew(self, task: str, *, token: str, ttl: float | None = None,
               process: bool | int = True, remote: str | None = None) -> Claim:
-        """Extend the lease by ``ttl`` (default: the claim's ttl) from now. When the claim's
-        owner process is proven dead (the holder restarted with its token), ``process`` takes
-        its place (as in ``claim``); a live one is kept."""
+        """Extend the lease by ``ttl`` (default: the claim's ttl) from now. An owner process
+        proven dead (a holder restarted with its token) is replaced by ``process`` (as claim)."""
         if (leases := self._leases(remote)) is not None:
             return leases.change(task, token, "renewed",
                                  lambda: self.renew(task, token=token, ttl=ttl, remote=""))
         task, th = validate.task(task), self._token(token)
         ttl = validate.ttl(ttl, allow_none=True)
         seen = self._seen(task) or [c for c in [self.store.read().claims.get(task)] if c]
-        mine = [c for c in seen if c.token_hash == th and c.identity is not None]
-        rebind = None  # (probed before the lock, as claim does)
-        if mine and self.prober.verdict(mine[0].identity).state == DEAD:
-            rebind = (mine[0].identity, self._identity(process))
+        mine = [c.identity for c in seen if c.token_hash == th and c.identity is not None]
+        rebind = ((mine[0], self._identity(process))  # (probed before the lock, as claim)
+                  if mine and self.prober.verdict(mine[0]).state == DEAD else None)
         _, state = self._run(lambda s, now: rules.decide_renew(s, task, th, ttl, now, rebind))
         return self._mine(state, task, token)
 
@@ -434,15 +429,13 @@ class Registry(QueueMethods):
     ) -> MergePlan:
         """Merge another registry (a directory copied from another machine, or a Registry) into
         this one. Idempotent; merging A into B and B into A yields the same claims."""
-        from .core.errors import AuditCorrupt
         from .core.merge import plan_merge
 
         who = validate.owner(actor, "actor")
         if not isinstance(other, (str, os.PathLike, Registry)):
             raise ValidationError("other", "must be a registry directory, a postgresql:// URL "
                                   "or a Registry", value=other)
-        # create=False: a path that is not a registry is refused before anything is opened
-        # there (no stray claims.lock in a mistyped directory).
+        # (create=False: a path that is not a registry is refused before anything is made)
         source = other if isinstance(other, Registry) else Registry(
             other, clock=self.clock, prober=self.prober, allow_unsafe_fs=True, create=False
         )

@@ -22,17 +22,7 @@ from .errors import (
     NotHolder,
     TaskCompleted,
 )
-from .model import (
-    ACTIVE,
-    COMPLETED,
-    DEFAULT_PHASE,
-    EXPIRED,
-    Claim,
-    Identity,
-    Now,
-    Task,
-    Verdict,
-)
+from .model import ACTIVE, COMPLETED, DEFAULT_PHASE, EXPIRED, Claim, Identity, Now, Task, Verdict
 from .model import UNKNOWN_VERDICT as UNKNOWN
 from .reserve import Reservation, checking
 from .resolver import compare

@@ -157,6 +157,22 @@ def test_syncthing_folder_and_the_override(tmp_path: Path,
     assert fleetclaims.Registry(synced / "repo" / "reg").get("t") is not None
 
 
+def test_the_cli_honours_the_unsafe_fs_variable_and_a_refusal_creates_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's --allow-unsafe-fs default (False) overrode FLEETCLAIMS_ALLOW_UNSAFE_FS=1, and
+    the refused claim had already created the directory and its .gitignore."""
+    from fleetclaims.cli import main
+
+    reg = tmp_path / "Dropbox" / "reg"
+    monkeypatch.delenv("FLEETCLAIMS_ALLOW_UNSAFE_FS", raising=False)
+    assert main(["--dir", str(reg), "claim", "t", "--owner", "a"]) == 1
+    assert not (tmp_path / "Dropbox").exists()
+    monkeypatch.setenv("FLEETCLAIMS_ALLOW_UNSAFE_FS", "1")
+    assert main(["--dir", str(reg), "claim", "t", "--owner", "a"]) == 0
+    capsys.readouterr()
+
+
 def test_lock_timeout_from_the_environment_is_typed(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """FLEETCLAIMS_LOCK_TIMEOUT that is not a number of seconds from 0 to 86400 is a

@@ -38,8 +38,8 @@ def common(parser: argparse.ArgumentParser, *, top: bool) -> None:
     parser.add_argument("--durability", choices=("full", "process"),
                         default="full" if top else argparse.SUPPRESS,
                         help="full: survive power loss (default); process: skip fsync")
-    parser.add_argument("--allow-unsafe-fs", action="store_true",
-                        default=False if top else argparse.SUPPRESS,
+    parser.add_argument("--allow-unsafe-fs", action="store_true",  # (None: the environment)
+                        default=None if top else argparse.SUPPRESS,
                         help="allow network/FUSE/cloud-sync filesystems (locks may not work)")
 
 

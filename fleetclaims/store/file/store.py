@@ -99,9 +99,7 @@ class FileStore(History):
         # First use, or we are a forked child: never share lock or journal descriptors (and
         # their flock) with the parent.
         self._reset_handles()
-        self.foreign_owner = fsutil.check_directory(self.directory, create=self._create,
-                                                    others_ok=True)
-        if not self.allow_unsafe_fs:
+        if not self.allow_unsafe_fs:  # (before anything is created there)
             reason = unsafe_filesystem(self.directory)
             if reason is not None:
                 raise UnsafeRegistry(
@@ -110,6 +108,8 @@ class FileStore(History):
                     hint="Use a local directory (FLEETCLAIMS_DIR), or pass allow_unsafe_fs=True / "
                     "--allow-unsafe-fs / FLEETCLAIMS_ALLOW_UNSAFE_FS=1 if you are sure.",
                 )
+        self.foreign_owner = fsutil.check_directory(self.directory, create=self._create,
+                                                    others_ok=True)
         if self.foreign_owner is None:
             self._lock.open()
         else:  # another user's registry: read it, never write to it (see History)

@@ -53,3 +53,18 @@ def test_db_migrate_and_env_url(postgres_url: str, capsys: pytest.CaptureFixture
     capsys.readouterr()
     assert main(["claim", "shared-task", "--owner", "laptop-2"]) == 3
     assert "laptop-1" in capsys.readouterr().err
+
+
+def test_migrate_and_init_never_print_the_password(tmp_path: Path, postgres_url: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """migrate --from URL and init printed the URL with its password (the server here trusts
+    local connections, so the password is never checked, only shown)."""
+    with_pw = postgres_url.replace("@", ":s3cret-pw@", 1)
+    url = with_pw + ("&" if "?" in with_pw else "?") + "schema=cli_pw"
+    assert main(["--dir", url, "init"]) == 0
+    assert main(["--dir", url, "--json", "init"]) == 0
+    Registry(url).claim("t", owner="a")
+    assert main(["migrate", "--from", url, "--to", str(tmp_path / "copy")]) == 0
+    assert main(["--json", "migrate", "--from", url, "--to", str(tmp_path / "copy2")]) == 0
+    out, err = capsys.readouterr()
+    assert "s3cret-pw" not in out + err and "cli_pw" in out

@@ -142,7 +142,9 @@ def cmd_init(args: argparse.Namespace, out: Out) -> int:
 
     # An empty transaction: creates the registry (its registry_created line) if there is
     # none; refuses a lost history (HistoryLost) like any write.
-    _, state = registry(args).store.transact(lambda state, now: Decision(()))
+    reg = registry(args)
+    _, state = reg.store.transact(lambda state, now: Decision(()))
+    location = str(reg.location)  # (a URL as shown: without its password)
     if out.json:
         out.doc({"registry": location, "origin": state.origin, "seq": state.seq,
                  "head": state.head, "fence": state.fence})

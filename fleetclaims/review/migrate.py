@@ -145,4 +145,10 @@ def copy_registry(
         differ = sorted(t for t in {*src_claims, *dst_claims}
                         if src_claims.get(t) != dst_claims.get(t))
         raise RegistryCorrupt(dst_shown, f"claims differ after the copy: {differ[:5]}")
-    return MigrationReport(src, dst_shown, report.events, report.head, len(dst_claims), report)
+    src_shown = src
+    if is_url(src):  # (as shown everywhere: without the password)
+        from ..store.postgres.schema import parse_location
+
+        src_shown = parse_location(src, src_schema)[2]
+    return MigrationReport(src_shown, dst_shown, report.events, report.head, len(dst_claims),
+                           report)

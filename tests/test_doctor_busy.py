@@ -69,3 +69,22 @@ def test_doctor_beside_busy_writers_finds_nothing_and_fixes_nothing(tmp_path: Pa
     acked = {(a["task"], a["fence"]) for log in logs
              for a in map(json.loads, log.read_text().splitlines())}
     assert acked and acked <= granted
+
+
+def test_a_directory_the_user_made_is_advice_not_damage(tmp_path: Path) -> None:
+    """A registry made in an existing directory keeps its mode (755 under umask 022): doctor
+    said so as a warning and exited 5, the code of a damaged registry. Reported as advice,
+    exit 0; --fix still makes it private."""
+    import os
+    import stat
+
+    from fleetclaims import Registry
+
+    d = tmp_path / "mine"
+    d.mkdir(mode=0o755)
+    os.chmod(d, 0o755)
+    Registry(d).claim("t", owner="a")
+    report = doctor.check(d)
+    assert report.exit_code == 0 and "permissions" in report.kinds()
+    doctor.check(d, fix=True)
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700

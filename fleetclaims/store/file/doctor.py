@@ -199,8 +199,10 @@ def _check_directory(path: Path, report: DoctorReport, fix: bool) -> bool:
                    "repaired by you. Run doctor as its owner, or use your own registry.")
         return False
     if st.st_mode & 0o077:
+        # (advice, not damage: a directory the user made keeps its mode; exit 0)
         finding = report.add("permissions", f"{path} has mode {stat.S_IMODE(st.st_mode):o}; "
-                             "a registry directory is private (700)", WARNING)
+                             "a registry directory is best kept private (700; --fix sets it)",
+                             INFO)
         if fix:
             os.chmod(path, 0o700)
             finding.fixed = True

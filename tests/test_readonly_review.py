@@ -194,7 +194,7 @@ def test_mcp_read_tools_name_the_damage(tmp_path: Path) -> None:
     for where, damaged in ((healthy, False), (d, True)):
         server = ClaimsServer(Registry(where), "agent-x")
         for result in (server.get("t0"), server.claims(), server.events(),
-                       server.explain("t0")):
+                       server.explain("t0"), server.ready(), server.brief()):
             doc = result.structured_content
             assert not result.is_error and doc is not None, result
             assert ("damage" in doc) is damaged, (where, doc)
@@ -279,3 +279,24 @@ def test_event_reads_stop_at_damage_before_the_snapshot(
     assert main(["audit", "export", "-o", str(tmp_path / "x.jsonl")]) == 5
     capsys.readouterr()
     assert len((tmp_path / "x.jsonl").read_text().splitlines()) == 3
+
+
+def test_every_json_read_names_the_damage(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """tasks and ready --json were bare arrays on a damaged journal, and stats, brief and top
+    --json had no damage member: a script took the verified part for the whole registry."""
+    healthy, d = tmp_path / "h", tmp_path / "r"
+    _registry(healthy)
+    Registry(healthy).add("q1")
+    _damaged(d)
+    reads = (["tasks"], ["ready"], ["stats"], ["brief", "--owner", "a"], ["top"])
+    monkeypatch.setenv("FLEETCLAIMS_DIR", str(healthy))
+    assert isinstance(_json(capsys, "tasks"), list) and isinstance(_json(capsys, "ready"), list)
+    for args in reads[2:]:
+        assert "damage" not in _json(capsys, *args), args
+    monkeypatch.setenv("FLEETCLAIMS_DIR", str(d))
+    for args in reads:
+        doc = _json(capsys, *args)
+        assert doc["damage"]["from_seq"] == 4, args
+        if args[0] in ("tasks", "ready"):
+            assert isinstance(doc["tasks"], list)

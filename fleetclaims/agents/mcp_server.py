@@ -252,9 +252,10 @@ class ClaimsServer(PlanningTools, PathTools):
               ) -> CallToolResult:
         def op() -> dict[str, Any]:
             tasks = self.registry.ready(labels=labels)
-            return {"ready": [{"task": t.task, "priority": t.priority, "labels": list(t.labels),
-                               "note": t.note} for t in tasks[:50]],
-                    "count": len(tasks), "queue": self.registry.stats().queue}
+            return self.damaged({
+                "ready": [{"task": t.task, "priority": t.priority, "labels": list(t.labels),
+                           "note": t.note} for t in tasks[:50]],
+                "count": len(tasks), "queue": self.registry.stats().queue})
 
         return self.call(op)
 
@@ -379,7 +380,7 @@ class ClaimsServer(PlanningTools, PathTools):
     def brief(self) -> CallToolResult:
         def op() -> dict[str, Any]:
             doc = brief.build(self.registry, self.owner, time.time(), tools=True)
-            return {"text": brief.render(doc), "brief": doc}
+            return self.damaged({"text": brief.render(doc), "brief": doc})
 
         return self.call(op)
 

@@ -222,10 +222,12 @@ def cmd_brief(args: argparse.Namespace, out: Out) -> int:
     import time
 
     from ..agents import brief
+    from .claims import with_damage
 
-    doc = brief.build(reader(args), _owner(args, required=False), time.time())
+    reg = reader(args)
+    doc = brief.build(reg, _owner(args, required=False), time.time())
     if out.json:
-        out.doc(doc)
+        out.doc(with_damage(doc, reg))
     else:
         out.line(brief.render(doc))
     return EXIT_OK

@@ -81,7 +81,7 @@ def cmd_top(args: argparse.Namespace, out: Out) -> int:
 
     reg = reader(args)
     if out.json:
-        out.doc(document(reg, str(reg.location)))
+        out.doc(with_damage(document(reg, str(reg.location)), reg))
         return EXIT_OK
     return run(reg, str(reg.location), owner=args.owner, label=args.label, once=args.once)
 

@@ -277,6 +277,13 @@ def damage_member(reg: Registry) -> dict[str, Any] | None:
     return describe() if callable(describe) else None
 
 
+def listed_or_damaged(key: str, docs: list[Any], reg: Registry) -> Any:
+    """A listing for --json: the array when healthy, ``{key: [...], "damage": {...}}`` on a
+    damaged journal, so a script cannot take the verified part for the whole registry."""
+    damage = damage_member(reg)
+    return docs if damage is None else {key: docs, "damage": damage}
+
+
 def with_damage(doc: dict[str, Any], reg: Registry) -> dict[str, Any]:
     """``doc`` with a ``damage`` member when the journal is damaged (absent when healthy)."""
     damage = damage_member(reg)
@@ -429,12 +436,13 @@ def data_rows(docs: list[dict[str, Any]], now: float, reg: Registry) -> list[lis
 
 
 def cmd_stats(args: argparse.Namespace, out: Out) -> int:
-    s = reader(args).stats()
+    reg = reader(args)
+    s = reg.stats()
     if out.json:
-        out.doc({"active": s.active, "expired": s.expired, "completed": s.completed,
-                 "released": s.released, "seq": s.seq, "fence": s.fence,
-                 "per_owner": {o: vars(v) for o, v in s.per_owner.items()},
-                 "queue": s.queue})
+        out.doc(with_damage({"active": s.active, "expired": s.expired, "completed": s.completed,
+                             "released": s.released, "seq": s.seq, "fence": s.fence,
+                             "per_owner": {o: vars(v) for o, v in s.per_owner.items()},
+                             "queue": s.queue}, reg))
         return EXIT_OK
     out.line(f"active {s.active}, expired {s.expired}, completed {s.completed}, "
              f"released {s.released}; journal at seq {s.seq}, last fence {s.fence}")

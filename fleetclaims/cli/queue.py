@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.durations import relative
 from ..core.errors import ValidationError
 from .args import AddParser, Handler, dur, reader, registry, writer
+from .claims import listed_or_damaged
 from .output import EXIT_OK, claim_doc, exit_code, show_claim
 from .paths import paths_options
 from .who import actor_of, owner_of, owner_option, wait_option
@@ -281,9 +282,10 @@ def nothing_ready(out: Out, message: str, counts: dict[str, int]) -> None:
 
 
 def cmd_ready(args: argparse.Namespace, out: Out) -> int:
-    tasks = reader(args).ready(labels=args.labels)
-    if out.json:
-        out.doc([_task_doc(t) for t in tasks])
+    reg = reader(args)
+    tasks = reg.ready(labels=args.labels)
+    if out.json:  # (an array; with a damage member on a damaged journal, as claims)
+        out.doc(listed_or_damaged("tasks", [_task_doc(t) for t in tasks], reg))
         return EXIT_OK
     if not tasks:
         out.line("nothing ready (see `fleetclaims tasks` for what is pending or blocked)")
@@ -300,7 +302,7 @@ def cmd_tasks(args: argparse.Namespace, out: Out) -> int:
     reg = reader(args)
     items = reg.tasks(status=args.status or None)
     if out.json:
-        out.doc([_status_doc(s) for s in items])
+        out.doc(listed_or_damaged("tasks", [_status_doc(s) for s in items], reg))
         return EXIT_OK
     counts = reg.stats().queue
     if not items:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .core.errors import FleetclaimsError, NotHolder, RegistryBusy, StoreUnavailable
+from .core.errors import FleetclaimsError, LeaseExpired, NotHolder, RegistryBusy, StoreUnavailable
 
 if TYPE_CHECKING:
     from .api import Registry
@@ -53,9 +54,17 @@ class Lease:
                 return
             try:
                 self.claim = self.registry.renew(self.task, token=self.token)
-            except (RegistryBusy, StoreUnavailable):
-                # Transient: the next beat retries. If the lease runs out meanwhile, the next
-                # renew raises LeaseExpired, which is final.
+            except (RegistryBusy, StoreUnavailable) as exc:
+                # Transient: the next beat retries, until the lease runs out meanwhile: then it
+                # is lost by this process's clock, not when the store answers again (`run`
+                # kept a command going 20 s past its lease while a server was down).
+                if self._ran_out():
+                    claim = self.claim
+                    self.lost_reason = LeaseExpired(
+                        self.task, owner=claim.owner, fence=claim.fence,
+                        expired_at=claim.expires_at,
+                        reason=f"it could not be renewed before it ran out ({exc})")
+                    self.lost.set()
                 return
             except FleetclaimsError as exc:
                 self.lost_reason = exc
@@ -75,6 +84,14 @@ class Lease:
             self._beat()
         if self.lost_reason is not None:
             raise self.lost_reason
+
+    def _ran_out(self) -> bool:
+        """Whether the lease's deadline passed, told without the store if it cannot answer."""
+        try:
+            return self._overdue()
+        except FleetclaimsError:  # (PostgreSQL's clock is the server's: ours, unreachable)
+            expires = self.claim.expires_at
+            return expires is not None and time.time() >= expires
 
     def _overdue(self) -> bool:
         claim = self.claim

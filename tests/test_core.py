@@ -226,6 +226,29 @@ def test_hold_check_after_a_pause_past_the_ttl() -> None:
     assert r.get("t").owner == "thief"  # type: ignore[union-attr]
 
 
+def test_hold_is_lost_when_its_lease_runs_out_while_the_store_is_away(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Renewals failing with StoreUnavailable (a server down) were retried for ever: `run`
+    kept its command going 20 s past the lease, until the server answered again. Once the
+    lease's deadline passes by this process's clock, the lease is lost (LeaseExpired)."""
+    from fleetclaims.core.errors import StoreUnavailable
+
+    clock = FakeClock()
+    r = memory_registry(clock)
+    with r.hold("t", owner="a", ttl=1.0) as lease:
+        def away(*args: object, **kw: object) -> None:
+            raise StoreUnavailable("postgresql://db", "server closed the connection")
+
+        monkeypatch.setattr(r, "renew", away)
+        time.sleep(0.5)  # (beats that fail while the lease lasts: transient)
+        assert not lease.lost.is_set()
+        clock.advance(2)
+        assert lease.lost.wait(5)
+        assert isinstance(lease.lost_reason, LeaseExpired)
+        assert "could not be renewed" in str(lease.lost_reason)
+        monkeypatch.undo()
+
+
 def test_hold_complete() -> None:
     """lease.complete() completes the task instead of releasing it."""
     r = memory_registry(FakeClock())

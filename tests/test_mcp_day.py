@@ -250,3 +250,23 @@ def test_two_servers_of_one_owner_keep_each_others_tokens(tmp_path: Path) -> Non
     assert TokenFile("/reg", "agent-y", tmp_path).load() == {"tb": "token-b"}
     second.save({"tb": "token-b", "tc": "token-c"})
     assert TokenFile("/reg", "agent-y", tmp_path).load() == {"tb": "token-b", "tc": "token-c"}
+
+
+def test_a_damaged_token_file_is_kept_aside_not_overwritten(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A token file cut short was read as empty and then overwritten by the next save: the
+    agent's tokens were gone with no copy. It is set aside (named on stderr) and a new file
+    written beside it."""
+    from fleetclaims.agents.mcp_keep import TokenFile
+
+    keep = TokenFile("/reg", "agent-y", tmp_path)
+    keep.save({"k1": "token-k1", "k2": "token-k2"})
+    whole = keep.path.read_bytes()
+    keep.path.write_bytes(whole[: len(whole) // 2])
+    fresh = TokenFile("/reg", "agent-y", tmp_path)
+    assert fresh.load() == {}
+    fresh.save({"k3": "token-k3"})
+    aside = [p for p in tmp_path.iterdir() if ".damaged-" in p.name]
+    assert len(aside) == 1 and aside[0].read_bytes() == whole[: len(whole) // 2]
+    assert str(aside[0]) in capsys.readouterr().err
+    assert TokenFile("/reg", "agent-y", tmp_path).load() == {"k3": "token-k3"}

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -60,12 +61,26 @@ class TokenFile:
         try:
             with open(self.path, encoding="utf-8") as f:
                 data = json.load(f)
-        except (OSError, ValueError):
+        except OSError:
+            return {}
+        except ValueError:  # cut short or edited: kept aside, never overwritten (its tokens
+            self._set_aside()  # are an agent's claims: a human may still want them)
             return {}
         if not isinstance(data, dict) or data.get("registry") != self.location \
                 or data.get("owner") != self.owner or not isinstance(data.get("tokens"), dict):
             return {}
         return {str(k): str(v) for k, v in data["tokens"].items() if isinstance(v, str)}
+
+    def _set_aside(self) -> None:
+        kept = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+                                   f"-{os.getpid()}")
+        try:
+            os.rename(self.path, kept)
+        except OSError:
+            return  # (another server moved it first)
+        sys.stderr.write(f"fleetclaims mcp: the token file {self.path} could not be read; kept "
+                         f"as {kept} (the tokens in it are not used: take them from there, or "
+                         "recover the claims once stale)\n")
 
     def save(self, tokens: dict[str, str]) -> None:
         """Write ``tokens`` into the file (temp file, fsync, rename; the directory is created

@@ -597,3 +597,18 @@ def test_an_empty_archive_directory_is_refused(tmp_path: Path, args: list[str],
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(["--dir", str(d), *args]) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("args", [["audit", "report", "--html", "/dev/full"],
+                                  ["audit", "export", "-o", "/dev/full"]])
+def test_a_report_file_that_cannot_be_written_is_named(
+        tmp_path: Path, args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A named file that could not be written was reported as standard output, with advice
+    about lost tokens, for a command that only read."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    d = tmp_path / "r"
+    Registry(d).claim("t", owner="a")
+    assert main(["--dir", str(d), *args]) == 2
+    err = capsys.readouterr().err
+    assert "/dev/full could not be written" in err and "standard output" not in err

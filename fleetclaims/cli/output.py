@@ -102,15 +102,22 @@ def report_error(json_mode: bool, exc: FleetclaimsError) -> int:
 def write_private(path: str, text: str) -> None:
     """Write ``text`` to the file ``path`` readable by its owner only (0600), whatever the
     umask: an export or a report holds the audit trail (owners, notes, metadata)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
-                 0o600)
-    with open(fd, "w", encoding="utf-8", newline="") as fh:
-        # An existing file keeps its mode through O_CREAT, so narrow it; but only a regular
-        # file: `-o /dev/null` or a pipe must not have the device's own mode changed (as root,
-        # that made /dev/null unwritable for every other user of the machine).
-        if hasattr(os, "fchmod") and stat.S_ISREG(os.fstat(fd).st_mode):
-            os.fchmod(fd, 0o600)
-        fh.write(text)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
+                     0o600)
+        with open(fd, "w", encoding="utf-8", newline="") as fh:
+            # An existing file keeps its mode through O_CREAT, so narrow it; but only a regular
+            # file: `-o /dev/null` or a pipe must not have the device's own mode changed (as
+            # root, that made /dev/null unwritable for every other user of the machine).
+            if hasattr(os, "fchmod") and stat.S_ISREG(os.fstat(fd).st_mode):
+                os.fchmod(fd, 0o600)
+            fh.write(text)
+    except OSError as exc:  # (not "standard output": the file the user named)
+        from ..core.errors import ValidationError
+
+        raise ValidationError("output file", f"{path} could not be written "
+                              f"({exc.strerror or exc}); the registry was only read: choose "
+                              "another file") from None
 
 
 class Out:

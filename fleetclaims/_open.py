@@ -86,6 +86,13 @@ def open_store(
                 raise
             raise MissingDependency("psycopg", "a postgresql:// registry",
                                     "pip install 'fleetclaims[postgres]'") from None
+        except ImportError as exc:  # installed but unusable: no libpq, a wrong PSYCOPG_IMPL
+            if "psycopg" not in str(exc) and "pq" not in str(exc):
+                raise
+            raise MissingDependency(
+                "psycopg", "a postgresql:// registry", "libpq (Debian: apt-get install "
+                "libpq5) or pip install 'psycopg[binary]', and check PSYCOPG_IMPL",
+                why=f"is installed but cannot load ({exc})") from None
         return PostgresStore(location, clock=clock, durability=durability,
                              lock_timeout=lock_timeout, schema=schema)
     if not create:

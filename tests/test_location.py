@@ -203,3 +203,24 @@ def test_postgresql_urls_are_checked_before_anything_is_sent() -> None:
         with pytest.raises(fleetclaims.ValidationError) as caught:
             fleetclaims.Registry(bad).claim("t", owner="a")
         assert "secret" not in str(caught.value)
+
+
+def test_a_psycopg_that_cannot_load_is_a_missing_dependency(tmp_path: Path) -> None:
+    """psycopg installed but unusable (no libpq, a PSYCOPG_IMPL not there) was exit 70,
+    'internal error (a bug)'; it is MissingDependency (exit 1) saying what to install."""
+    import importlib.util
+    import os
+    import sys
+
+    pytest.importorskip("psycopg")
+    if importlib.util.find_spec("psycopg_c") is not None:
+        pytest.skip("psycopg's C implementation is installed here")
+    env = dict(os.environ, PSYCOPG_IMPL="c")
+    r = subprocess.run([sys.executable, "-m", "fleetclaims", "--dir",
+                        "postgresql://u@127.0.0.1:1/db", "--json", "claims"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert r.returncode == 1, r.stderr
+    import json
+
+    doc = json.loads(r.stdout)
+    assert doc["error"] == "missing_dependency" and "cannot load" in doc["message"]

@@ -489,14 +489,13 @@ class MissingDependency(FleetclaimsError):
 
     code = "missing_dependency"
 
-    def __init__(self, module: str, feature: str, install: str) -> None:
+    def __init__(self, module: str, feature: str, install: str,
+                 why: str = "is not installed") -> None:
         self.module = module
         self.feature = feature
         self.install = install
-        super().__init__(
-            f"{feature} needs the Python package {module!r}, which is not installed.",
-            hint=f"Install it: {install}",
-        )
+        super().__init__(f"{feature} needs the Python package {module!r}, which {why}.",
+                         hint=f"Install it: {install}")
 
 
 class RemoteUnavailable(FleetclaimsError):

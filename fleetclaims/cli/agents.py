@@ -222,7 +222,7 @@ def cmd_brief(args: argparse.Namespace, out: Out) -> int:
     import time
 
     from ..agents import brief
-    from .claims import with_damage
+    from .output import with_damage
 
     reg = reader(args)
     doc = brief.build(reg, _owner(args, required=False), time.time())

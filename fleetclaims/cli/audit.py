@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.durations import format_duration, iso, parse_instant
 from ..core.errors import FleetclaimsError, ValidationError
 from .args import AddParser, Handler, reader
-from .claims import with_damage
-from .output import EXIT_DAMAGED, EXIT_OK, print_events, write_private
+from .output import EXIT_DAMAGED, EXIT_OK, print_events, with_damage, write_private
 
 if TYPE_CHECKING:
     from ..api import Registry

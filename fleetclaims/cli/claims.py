@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.durations import iso, relative
 from .args import AddParser, Handler, dur, json_arg, reader, registry, token, token_option
-from .output import EXIT_OK, claim_doc, data_doc, paths_text, show_claim
+from .output import (
+    EXIT_OK,
+    claim_doc,
+    damage_member,
+    data_doc,
+    paths_text,
+    show_claim,
+    with_damage,
+)
 from .paths import paths_options
 from .sync import remote_arg, remote_option
 from .who import actor_of, operator_default, owner_of, owner_option, wait_option
@@ -268,28 +276,6 @@ def _queue_doc(queued: TaskStatus | None) -> dict[str, Any] | None:
             "priority": queued.task.priority, "depends_on": list(queued.task.depends_on),
             "labels": list(queued.task.labels), "blocked": queued.task.blocked,
             "title": queued.task.title, "description": queued.task.description}
-
-
-def damage_member(reg: Registry) -> dict[str, Any] | None:
-    """What a read of a damaged journal could not verify (the store's ``damage_doc``: file,
-    seq and byte range, reason, what to run), for ``--json``; None on a healthy registry."""
-    describe = getattr(reg.store, "damage_doc", None)
-    return describe() if callable(describe) else None
-
-
-def listed_or_damaged(key: str, docs: list[Any], reg: Registry) -> Any:
-    """A listing for --json: the array when healthy, ``{key: [...], "damage": {...}}`` on a
-    damaged journal, so a script cannot take the verified part for the whole registry."""
-    damage = damage_member(reg)
-    return docs if damage is None else {key: docs, "damage": damage}
-
-
-def with_damage(doc: dict[str, Any], reg: Registry) -> dict[str, Any]:
-    """``doc`` with a ``damage`` member when the journal is damaged (absent when healthy)."""
-    damage = damage_member(reg)
-    if damage is not None:
-        doc["damage"] = damage
-    return doc
 
 
 def cmd_get(args: argparse.Namespace, out: Out) -> int:

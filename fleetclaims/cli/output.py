@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ..core.durations import iso, relative
 
 if TYPE_CHECKING:
+    from ..api import Registry
     from ..core.errors import FleetclaimsError
     from ..core.model import Claim, Now
 
@@ -260,3 +261,25 @@ def print_events(out: Out, events: Sequence[dict[str, Any]], header: bool = True
     else:
         for row in rows:
             out.line("  ".join(row))
+
+
+def damage_member(reg: Registry) -> dict[str, Any] | None:
+    """What a read of a damaged journal could not verify (the store's ``damage_doc``: file,
+    seq and byte range, reason, what to run), for ``--json``; None on a healthy registry."""
+    describe = getattr(reg.store, "damage_doc", None)
+    return describe() if callable(describe) else None
+
+
+def listed_or_damaged(key: str, docs: list[Any], reg: Registry) -> Any:
+    """A listing for --json: the array when healthy, ``{key: [...], "damage": {...}}`` on a
+    damaged journal, so a script cannot take the verified part for the whole registry."""
+    damage = damage_member(reg)
+    return docs if damage is None else {key: docs, "damage": damage}
+
+
+def with_damage(doc: dict[str, Any], reg: Registry) -> dict[str, Any]:
+    """``doc`` with a ``damage`` member when the journal is damaged (absent when healthy)."""
+    damage = damage_member(reg)
+    if damage is not None:
+        doc["damage"] = damage
+    return doc

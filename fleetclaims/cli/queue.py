@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.durations import relative
 from ..core.errors import ValidationError
 from .args import AddParser, Handler, dur, reader, registry, writer
-from .claims import listed_or_damaged
-from .output import EXIT_OK, claim_doc, exit_code, show_claim
+from .output import EXIT_OK, claim_doc, exit_code, listed_or_damaged, show_claim
 from .paths import paths_options
 from .who import actor_of, owner_of, owner_option, wait_option
 

@@ -294,7 +294,7 @@
   var hash = {};
   location.hash.slice(1).split('&').forEach(function (kv) {
     var i = kv.indexOf('=');
-    if (i > 0) hash[kv.slice(0, i)] = decodeURIComponent(kv.slice(i + 1));
+    if (i > 0) { try { hash[kv.slice(0, i)] = decodeURIComponent(kv.slice(i + 1)); } catch (e) { /* a malformed link: that part ignored */ } }
   });
   var from = Date.parse(hash.from) / 1000, to = Date.parse(hash.to) / 1000;
   if (from < to) { state.a = Math.max(D.t0, from); state.b = Math.min(D.t1, Math.max(to, state.a + minSpan)); }

@@ -459,3 +459,20 @@ def test_cli_report_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "audit report" in capsys.readouterr().err and not (tmp_path / "y.html").exists()
     assert main([*base, "report"]) == 2
     assert "--html" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["--owner", "bad owner"], ["--task", "bad!"],
+                                  ["--type", "claim_creatd"], ["--type", "claim_created"]])
+def test_report_filters_are_checked(tmp_path: Path, args: list[str],
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """audit report took a malformed --owner or --task as a filter matching nothing (exit 0,
+    an empty report) and ignored --type; they are refused (exit 2), nothing written."""
+    from fleetclaims import Registry
+    from fleetclaims.cli import main
+
+    d = tmp_path / "r"
+    Registry(d).claim("t", owner="a")
+    out = tmp_path / "r.html"
+    assert main(["--dir", str(d), "audit", "report", "--html", str(out), *args]) == 2
+    assert not out.exists()
+    capsys.readouterr()

@@ -176,10 +176,20 @@ def _audit_report(args: argparse.Namespace, out: Out, reg: Registry,
                   filters: dict[str, Any]) -> int:
     if not args.html:
         raise ValidationError("--html", "is required: audit report --html FILE (- for stdout)")
+    # A report needs the whole journal (a holding may start before --since); its filters
+    # choose what is drawn and counted, and are checked as audit's are (a malformed --owner
+    # was an empty report, exit 0; a --type, misspelt or not, was ignored).
+    from ..core import validate
     from ..review.report import render_html
 
-    # A report needs the whole journal (a holding may start before --since); its filters
-    # choose what is drawn and counted.
+    if filters["types"]:
+        raise ValidationError("--type", "belongs to `audit` and `audit export`: a report draws "
+                              "holdings from every event (choose with --task, --owner, --since, "
+                              "--until)")
+    if args.task is not None:
+        validate.task(args.task)
+    if args.owner is not None:
+        validate.owner(args.owner)
     events = _all_events(reg, args.after, {})
     html = render_html(events, title=f"fleetclaims audit — {reg.location}",
                        generated_at=time.time(),
@@ -193,7 +203,7 @@ def _audit_report(args: argparse.Namespace, out: Out, reg: Registry,
     if out.json:
         out.doc(with_damage({"html": args.html, "events": len(events)}, reg))
     else:
-        out.line(f"wrote {args.html} ({len(events)} events)")
+        out.line(f"wrote {args.html} (drawn from the journal's {len(events)} events)")
     return EXIT_OK
 
 

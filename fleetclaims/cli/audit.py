@@ -408,7 +408,7 @@ def _audit_verify(args: argparse.Namespace, out: Out) -> int:
                  "anchor_held": None if wanted is None else missing is None,
                  "anchor_problem": missing, "archive": archived})
     else:
-        _print_verify(out, report, elapsed)
+        _print_verify(out, report, elapsed, database=not hasattr(reg.store, "journal_path"))
         if refusal is not None:
             out.line(out.paint("DAMAGED", "31;1") + f": the chain verifies but the registry "
                      f"refuses to work: {refusal}")
@@ -424,13 +424,20 @@ def _audit_verify(args: argparse.Namespace, out: Out) -> int:
     return EXIT_OK
 
 
-def _print_verify(out: Out, report: VerifyReport, elapsed: float) -> None:
+# doctor repairs files; a database's damage is undone from the database's own backups
+_DB_FIX = ("the journal rows were changed outside fleetclaims (doctor repairs file registries "
+           "only): restore the database from a backup, or migrate the verified part out with "
+           "`fleetclaims migrate` and review it")
+
+
+def _print_verify(out: Out, report: VerifyReport, elapsed: float, *,
+                  database: bool = False) -> None:
     if report.ok and report.anchor_ok is False:
         out.line(out.paint("DAMAGED", "31;1") + f": the journal verifies ({report.events} events, "
                  f"head {report.head[:16]}…) but the snapshot claims.json does not match it: "
                  f"{report.error or 'not anchored in the journal'}")
-        out.line("run `fleetclaims doctor --fix` to rebuild the snapshot from the journal "
-                 "(the old one goes to quarantine/)")
+        out.line(_DB_FIX if database else "run `fleetclaims doctor --fix` to rebuild the "
+                 "snapshot from the journal (the old one goes to quarantine/)")
     elif report.ok:
         anchor = {None: "no snapshot", True: "snapshot anchored"}[report.anchor_ok]
         out.line(f"ok: {report.events} events verified ({report.bytes} bytes, "
@@ -444,6 +451,8 @@ def _print_verify(out: Out, report: VerifyReport, elapsed: float) -> None:
         if "segment" in (report.error or ""):  # (doctor --fix never rewrites sealed history)
             out.line("a sealed segment is missing or damaged: put it back from a backup or the "
                      "archive directory, then run `fleetclaims audit verify` again")
+        elif database:
+            out.line(_DB_FIX)
         else:
             out.line("run `fleetclaims doctor --fix` to repair: it keeps every line that still "
                      "verifies and names what the damaged bytes held (kept in quarantine/)")

@@ -294,8 +294,10 @@ class RegistryCorrupt(FleetclaimsError):
     def __init__(self, path: str, reason: str, *, hint: str | None = None) -> None:
         self.path = path
         self.reason = reason
+        what = "registry" if str(path).startswith(("postgresql://", "postgres://")) else (
+            "registry file")
         super().__init__(
-            f"registry file {path} is damaged: {reason}.",
+            f"{what} {path} is damaged: {reason}.",
             hint=hint or "Run `fleetclaims doctor` to inspect it and `fleetclaims doctor --fix` "
             "to repair it (damaged bytes are kept in quarantine).",
         )
@@ -306,16 +308,17 @@ class AuditCorrupt(RegistryCorrupt):
 
     code = "audit_corrupt"
 
-    def __init__(self, path: str, *, seq: int, offset: int, reason: str) -> None:
+    def __init__(self, path: str, *, seq: int, offset: int, reason: str,
+                 hint: str | None = None) -> None:
         self.seq = seq
         self.offset = offset
         super().__init__(
             path,
             f"audit journal broken at seq {seq}, byte offset {offset}: {reason}",
-            hint="Nothing was written (reads still show the verified state). Run `fleetclaims "
-            "audit verify` for details and `fleetclaims doctor --fix` to repair: it keeps every "
-            "line that still verifies and names what the damaged bytes held (kept in "
-            "quarantine).",
+            hint=hint or "Nothing was written (reads still show the verified state). Run "
+            "`fleetclaims audit verify` for details and `fleetclaims doctor --fix` to repair: it "
+            "keeps every line that still verifies and names what the damaged bytes held (kept "
+            "in quarantine).",
         )
 
 

@@ -464,7 +464,9 @@ class PostgresStore(PgSession):
                 raise AuditCorrupt(self.location, seq=seq, offset=0, reason=(
                     "the audit row does not verify (not JSON, its hash does not match its "
                     "bytes, or its seq is not the row's): it was changed outside fleetclaims; "
-                    "`fleetclaims audit verify` names the first break"))
+                    "`fleetclaims audit verify` names the first break"), hint=(
+                    "Nothing was written. doctor repairs file registries only: restore the "
+                    "database from a backup, or migrate the verified part out and review it."))
             yield event
 
     def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:

@@ -122,3 +122,16 @@ def test_cli_paths_claim_next_reserve_unreserve(tmp_path: Path,
         assert run_cli(["--dir", d, "reserve", "a", bad, "--token", token], capsys)[0] == 2
     code, out, _ = run_cli(["--dir", d, "claims"], capsys)
     assert "[paths: tests]" in out
+
+
+def test_claim_next_names_the_path_conflict_that_stopped_it(tmp_path: Path) -> None:
+    """Every ready task refused for the paths asked for: it said "nothing ready (2 ready)",
+    naming neither the holder nor the pattern; it raises that PathConflict."""
+    reg = Registry(tmp_path / "r")
+    reg.add("q1")
+    reg.add("q2")
+    reg.claim("other", owner="z", paths=["src"])
+    with pytest.raises(PathConflict) as info:
+        reg.claim_next(owner="a", paths=["src/x"])
+    assert info.value.holder == "z"
+    assert reg.claim_next(owner="a", paths=["docs"]).task == "q1"  # type: ignore[union-attr]

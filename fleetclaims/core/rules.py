@@ -20,6 +20,7 @@ from .errors import (
     FleetclaimsError,
     LeaseExpired,
     NotHolder,
+    PathConflict,
     TaskCompleted,
 )
 from .model import ACTIVE, COMPLETED, DEFAULT_PHASE, EXPIRED, Claim, Identity, Now, Task, Verdict
@@ -292,10 +293,7 @@ def decide_recover(
 def holder_check(
     state: State, task: str, token_hash: str, now: Now
 ) -> tuple[Claim | None, Decision]:
-    """The caller's live claim, or the decision explaining why the caller does not hold the task.
-
-    Returns (claim, empty decision) when ``token_hash`` holds the live, unexpired lease.
-    """
+    """(the caller's live, unexpired claim, no decision) or (None, why it does not hold it)."""
     current = state.claims.get(task)
     if current is not None and current.token_hash == token_hash:
         if current.state == ACTIVE and not lease_expired(current, now):
@@ -577,7 +575,9 @@ def decide_claim_next(
 ) -> Decision:
     """Claim the first ready task in hand-out order (priority number, then age, then id) that
     carries every label in ``labels``; with ``take_stale``, a stale claim of an otherwise ready
-    task counts as ready. ``result`` is the task claimed, or None when nothing is ready."""
+    task counts as ready. ``result`` is the task claimed, or None when nothing is ready (the
+    first PathConflict when ready tasks were refused for the paths asked for)."""
+    paths: FleetclaimsError | None = None
     for key, held in state.tasks.candidates(state.claims, take_stale, labels):
         record = state.tasks.get(key[2])
         if record is None or not labels <= set(record.labels):
@@ -595,4 +595,6 @@ def decide_claim_next(
             decision = decide_claim(state, record.task, mine, now, UNKNOWN)
         if decision.error is None:
             return Decision(decision.events, result=record.task)
-    return Decision(result=None)
+        if paths is None and isinstance(decision.error, PathConflict):
+            paths = decision.error  # ("nothing ready (2 ready)" said nothing of the paths)
+    return Decision((), paths, result=None)

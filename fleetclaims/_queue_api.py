@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import _paths, _wait
-from .core import queue, rules, validate
+from .core import queue, queue_rules, rules, validate
 from .core.errors import DependencyCycle, ValidationError
 from .core.model import Claim, Now
 from .core.rules import Decision, Grant
@@ -61,7 +61,7 @@ class QueueMethods:
         spec = _spec(task, priority=priority, depends_on=depends_on, labels=labels, note=note,
                      title=title, description=description)
         who = validate.owner(actor, "actor")
-        _, state = self._run(lambda s, now: rules.decide_add(s, spec, who))
+        _, state = self._run(lambda s, now: queue_rules.decide_add(s, spec, who))
         return queue.require(state.tasks, spec.task)
 
     def add_many(self, tasks: Iterable[Mapping[str, Any]], *, actor: str = "operator") -> int:
@@ -73,7 +73,7 @@ class QueueMethods:
         were written (identical repeats write nothing)."""
         who = validate.owner(actor, "actor")
         specs = tuple(_item_spec(i, item) for i, item in enumerate(_items(tasks)))
-        decision, _ = self._run(lambda s, now: rules.decide_add_many(s, specs, who))
+        decision, _ = self._run(lambda s, now: queue_rules.decide_add_many(s, specs, who))
         return int(decision.result or 0)
 
     def depend(self, task: str, *, on: Iterable[str], actor: str = "operator") -> queue.Task:
@@ -81,7 +81,7 @@ class QueueMethods:
         task = validate.task(task)
         deps = validate.names("on", on)
         who = validate.owner(actor, "actor")
-        _, state = self._run(lambda s, now: rules.decide_depend(s, task, deps, who))
+        _, state = self._run(lambda s, now: queue_rules.decide_depend(s, task, deps, who))
         return queue.require(state.tasks, task)
 
     def block(self, task: str, *, reason: str, actor: str = "operator") -> bool:
@@ -89,7 +89,7 @@ class QueueMethods:
         task = validate.task(task)
         why = validate.required_reason(reason, "say why the task is blocked")
         who = validate.owner(actor, "actor")
-        decision, _ = self._run(lambda s, now: rules.decide_block(s, task, why, who))
+        decision, _ = self._run(lambda s, now: queue_rules.decide_block(s, task, why, who))
         return bool(decision.result)
 
     def unblock(self, task: str, *, reason: str | None = None, actor: str = "operator") -> bool:
@@ -97,7 +97,7 @@ class QueueMethods:
         task = validate.task(task)
         why = validate.reason(reason)
         who = validate.owner(actor, "actor")
-        decision, _ = self._run(lambda s, now: rules.decide_unblock(s, task, who, why))
+        decision, _ = self._run(lambda s, now: queue_rules.decide_unblock(s, task, who, why))
         return bool(decision.result)
 
     def claim_next(

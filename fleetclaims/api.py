@@ -49,8 +49,7 @@ class Registry(QueueMethods):
     ``postgresql://`` URL; None picks the default location (see ``fleetclaims.location``).
 
     ``durability="full"`` (default) makes every acknowledged change survive power loss;
-    ``"process"`` skips fsync: changes survive a crash of any process, not of the machine.
-    """
+    ``"process"`` skips fsync: changes survive a crash of any process, not of the machine."""
 
     def __init__(
         self,
@@ -197,7 +196,6 @@ class Registry(QueueMethods):
         """Claim ``task`` for ``owner`` for ``ttl`` seconds. Raises ClaimConflict when anyone
         holds it live, TaskCompleted when it is done. The returned claim carries the token.
         With ``wait`` (seconds), wait that long for the holder to let go (see ``_wait``).
-
         ``process`` names the owner process whose death makes the claim stale before its lease
         ends: True (default) this process, an int another PID, False none (lease only).
         ``remote`` (default: the registry's) also takes the lease on that git remote.
@@ -249,12 +247,16 @@ class Registry(QueueMethods):
                                  lambda: self.renew(task, token=token, ttl=ttl, remote=""))
         task, th = validate.task(task), self._token(token)
         ttl = validate.ttl(ttl, allow_none=True)
-        seen = self._seen(task) or [c for c in [self.store.read().claims.get(task)] if c]
-        mine = [c.identity for c in seen if c.token_hash == th and c.identity is not None]
-        rebind = ((mine[0], self._identity(process))  # (probed before the lock, as claim)
-                  if mine and self.prober.verdict(mine[0]).state == DEAD else None)
+        rebind = self._rebind(task, th, process)
         _, state = self._run(lambda s, now: rules.decide_renew(s, task, th, ttl, now, rebind))
         return self._mine(state, task, token)
+
+    def _rebind(self, task: str, th: str, process: bool | int) -> rules.Rebind | None:
+        """(its dead owner process, ``process``) for a holder restarted with its token."""
+        seen = self._seen(task) or [c for c in [self.store.read().claims.get(task)] if c]
+        mine = [c.identity for c in seen if c.token_hash == th and c.identity is not None]
+        dead = mine and self.prober.verdict(mine[0]).state == DEAD
+        return (mine[0], self._identity(process)) if dead else None
 
     def release(
         self,
@@ -319,19 +321,19 @@ class Registry(QueueMethods):
 
     def transition(
         self, task: str, *, token: str, phase: str, ttl: float | None = None,
-        max_park: float | None = None, remote: str | None = None,
+        max_park: float | None = None, process: bool | int = True, remote: str | None = None,
     ) -> Claim:
-        """Move the claim to another phase (e.g. ``review``). ``ttl=None`` parks it: no lease;
-        it ends when the owner process dies, or after ``max_park`` seconds (default: a day
-        when no owner process is recorded), so a dead agent never wedges the task."""
+        """Move the claim to another phase (e.g. ``review``). ``ttl=None`` parks it: no lease; it
+        ends with the owner process, or after ``max_park`` s (a day when none is recorded)."""
         if (leases := self._leases(remote)) is not None:
             return leases.change(task, token, "transitioned", lambda: self.transition(
                 task, token=token, phase=phase, ttl=ttl, max_park=max_park, remote=""))
         task, th, ph = validate.task(task), self._token(token), validate.phase(phase)
         ttl = validate.ttl(ttl, allow_none=True)
         max_park = validate.ttl(max_park, allow_none=True, name="max_park")
+        rebind = self._rebind(task, th, process)  # (as renew)
         _, state = self._run(lambda s, now: rules.decide_transition(s, task, th, ph, ttl, now,
-                                                                    max_park))
+                                                                    max_park, rebind))
         return self._mine(state, task, token)
 
     def handoff(

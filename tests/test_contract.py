@@ -194,6 +194,12 @@ def test_a_restarted_holder_renewing_is_its_new_owner_process(
     with pytest.raises(ClaimConflict):
         restarted.claim("t1", owner="b", take_stale=True)
     prober.kill(5002)
+    prober.as_pid(5003)
+    moved = make_registry().transition("t1", token=token, phase="review", ttl=300)
+    assert moved.identity.pid == 5003  # type: ignore[union-attr]  # (transition: as renew)
+    prober.kill(5003)
+    parked = make_registry().transition("t1", token=token, phase="wait", process=False)
+    assert parked.identity is None and not restarted.is_stale(parked)
     restarted.renew("t1", token=token, process=False)
     assert restarted.get("t1").identity is None  # type: ignore[union-attr]
     assert not restarted.is_stale(restarted.get("t1"))  # type: ignore[arg-type]

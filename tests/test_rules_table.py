@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from fleetclaims.core import events as ev
-from fleetclaims.core import prune, reservations, rules
+from fleetclaims.core import prune, queue_rules, reservations, rules
 from fleetclaims.core.errors import (
     ClaimConflict,
     ClaimSuperseded,
@@ -285,14 +285,14 @@ ROWS = [
         lambda: state_of(RELEASED_BY_ALICE), lambda s: prune.decide_prune(s, 900.0, "op"),
         (), result=prune.PruneReport(900.0)),
     Row("add a task", lambda: state_of(),
-        lambda s: rules.decide_add(s, Task("q", labels=("py",)), "op"), (ev.TASK_ADDED,)),
+        lambda s: queue_rules.decide_add(s, Task("q", labels=("py",)), "op"), (ev.TASK_ADDED,)),
     Row("update a task", lambda: state_of(tasks=(Task("q"),)),
-        lambda s: rules.decide_add(s, Task("q", priority=5), "op"), (ev.TASK_UPDATED,),
+        lambda s: queue_rules.decide_add(s, Task("q", priority=5), "op"), (ev.TASK_UPDATED,),
         fields={"changed": ["priority"]}),
     Row("block and unblock", lambda: state_of(tasks=(Task("q"),)),
-        lambda s: rules.decide_block(s, "q", "flaky CI", "op"), (ev.TASK_BLOCKED,)),
+        lambda s: queue_rules.decide_block(s, "q", "flaky CI", "op"), (ev.TASK_BLOCKED,)),
     Row("unblock makes it ready", lambda: state_of(tasks=(Task("q", blocked="x"),)),
-        lambda s: rules.decide_unblock(s, "q", "op", "fixed"),
+        lambda s: queue_rules.decide_unblock(s, "q", "op", "fixed"),
         (ev.TASK_UNBLOCKED, ev.BECAME_READY)),
     Row("claim_next hands out the first ready task", lambda: state_of(
         tasks=(Task("b", priority=2), Task("a", priority=1))),

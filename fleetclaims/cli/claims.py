@@ -227,7 +227,7 @@ def cmd_recover(args: argparse.Namespace, out: Out) -> int:
 def cmd_transition(args: argparse.Namespace, out: Out) -> int:
     reg = registry(args)
     c = reg.transition(args.task, token=token(args), phase=args.phase, ttl=args.ttl,
-                       max_park=args.max_park, remote=remote_arg(args, reg))
+                       max_park=args.max_park, process=False, remote=remote_arg(args, reg))
     show_claim(out, c.with_token(None), "moved")
     return EXIT_OK
 

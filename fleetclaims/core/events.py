@@ -139,7 +139,7 @@ CLAIM_PREEMPTED: Final = _declare(
     ("fence_floor",))
 PHASE_CHANGED: Final = _declare(
     "phase_changed", (*_HOLDER, "from_phase", "phase", *_DEADLINE),
-    "{owner} moved {task} from {from_phase} to {phase}", ("park",))
+    "{owner} moved {task} from {from_phase} to {phase}", ("park", "identity"))
 CLAIM_HANDED_OFF: Final = _declare(
     "claim_handed_off", (*_GRANT, "prev_owner", "prev_fence"),
     "{prev_owner} handed {task} off to {owner} (fence {prev_fence} -> {fence})",
@@ -290,11 +290,8 @@ def narrate(event: Mapping[str, Any]) -> str:
 
 
 def event_id(event: dict[str, Any]) -> str:
-    """The identity of an event across registries: the hash it was first sealed with.
-
-    Content-addressed, so two copies of one registry (a laptop's copy, a USB stick) agree on
-    the identity of their shared history and differ on everything written since they parted.
-    """
+    """The identity of an event across registries: the hash it was first sealed with (two
+    copies of one registry agree on their shared history, differ on what came after)."""
     return str(event.get("ohash") or event["hash"])
 
 
@@ -381,18 +378,15 @@ def _apply_claim_event(state: State, kind: str, event: dict[str, Any], seq: int)
         raise ValueError(f"{kind} for task {task!r} that has no claim")
     if kind == LEASE_RENEWED:
         if "owner" in event:
-            new = _renewed(current, ts, *_deadline(event.get), seq, eid)
-            if "identity" in event:  # the holder restarted: its owner process is re-bound
-                ident = event["identity"]
-                new = replace(new, identity=None if ident is None else _identity(
-                    ident, state.identities))
+            new = _rebound(_renewed(current, ts, *_deadline(event.get), seq, eid), event, state)
         else:  # compact: the holder's own lease extended to ts + ttl (see compact_renewal)
             ttl = _float(event["ttl"])
             new = _renewed(current, ts, ttl, round(ts + ttl, 6),
                            _opt_float_fast(event.get("boot_deadline")), current.deadline_boot,
                            seq, eid)
     elif kind == PHASE_CHANGED:
-        new = _phase_changed(current, _str(event["phase"]), ts, *_deadline(event.get), seq, eid)
+        new = _rebound(_phase_changed(current, _str(event["phase"]), ts, *_deadline(event.get),
+                                      seq, eid), event, state)
     elif kind in (CLAIM_RELEASED, CLAIM_RELEASED_FORCED):
         forced = kind == CLAIM_RELEASED_FORCED
         old = _retire(current, "forced" if forced else "released", ts,
@@ -500,6 +494,14 @@ def _granted(
         None if ident is None else _identity(ident, memo), None, None, seq, eid, retired,
         paths, shared, None,
     )
+
+
+def _rebound(claim: Claim, event: dict[str, Any], state: State) -> Claim:
+    """``claim`` with the owner process a renewal or transition of a restarted holder names."""
+    if "identity" not in event:
+        return claim
+    ident = event["identity"]
+    return replace(claim, identity=None if ident is None else _identity(ident, state.identities))
 
 
 def _identity(data: Any, memo: dict[tuple[Any, ...], Identity]) -> Identity:

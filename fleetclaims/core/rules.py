@@ -23,7 +23,7 @@ from .errors import (
     PathConflict,
     TaskCompleted,
 )
-from .model import ACTIVE, COMPLETED, DEFAULT_PHASE, EXPIRED, Claim, Identity, Now, Task, Verdict
+from .model import ACTIVE, COMPLETED, DEFAULT_PHASE, EXPIRED, Claim, Identity, Now, Verdict
 from .model import UNKNOWN_VERDICT as UNKNOWN
 from .reserve import Reservation, checking
 from .resolver import compare
@@ -359,16 +359,25 @@ def _base(kind: str, claim: Claim, actor: str | None = None) -> dict[str, Any]:
     }
 
 
+Rebind = tuple[Identity, Identity | None]  # (owner process proven dead, its replacement)
+
+
+def _rebound(claim: Claim, fields: dict[str, Any], rebind: Rebind | None) -> Identity | None:
+    """The owner process after a renewal or transition: when the claim's is still the one
+    proven dead (before the lock), the holder restarted and ``rebind[1]`` takes its place."""
+    if rebind is None or claim.identity is None or claim.identity != rebind[0]:
+        return claim.identity
+    fields["identity"] = None if rebind[1] is None else rebind[1].to_dict()
+    return rebind[1]
+
+
 def decide_renew(state: State, task: str, token_hash: str, ttl: float | None, now: Now,
-                 rebind: tuple[Identity | None, Identity | None] | None = None) -> Decision:
-    """``rebind`` (dead, new): when the claim's owner process is still ``dead`` (proven so
-    before the lock), the renewing holder restarted: ``new`` becomes its owner process."""
+                 rebind: Rebind | None = None) -> Decision:
     claim, refusal = holder_check(state, task, token_hash, now)
     if claim is None:
         return refusal
     fields = _base(ev.LEASE_RENEWED, claim)
-    if rebind is not None and claim.identity is not None and claim.identity == rebind[0]:
-        fields["identity"] = None if rebind[1] is None else rebind[1].to_dict()
+    _rebound(claim, fields, rebind)
     if ttl is None and claim.ttl is None:  # parked: the park's own bound stays as it was
         fields.update(ttl=None, expires_at=claim.expires_at, boot_deadline=claim.boot_deadline,
                       deadline_boot=claim.deadline_boot)
@@ -422,7 +431,7 @@ def decide_force_release(state: State, task: str, actor: str, reason: str) -> De
 
 def decide_transition(
     state: State, task: str, token_hash: str, phase: str, ttl: float | None, now: Now,
-    max_park: float | None = None,
+    max_park: float | None = None, rebind: Rebind | None = None,
 ) -> Decision:
     """Change phase; ``ttl=None`` parks the claim (see ``park_fields``)."""
     claim, refusal = holder_check(state, task, token_hash, now)
@@ -430,8 +439,9 @@ def decide_transition(
         return refusal
     fields = _base(ev.PHASE_CHANGED, claim)
     fields.update(from_phase=claim.phase, phase=phase)
+    identity = _rebound(claim, fields, rebind)
     if ttl is None:
-        fields.update(park_fields(claim.identity, max_park, now))
+        fields.update(park_fields(identity, max_park, now))
     else:
         fields.update(deadline_fields(ttl, now))
     return Decision((fields,))
@@ -507,61 +517,6 @@ def decide_sweep(state: State, now: Now, verdict_of: VerdictOf, actor: str) -> D
 
 
 # --- the work queue ------------------------------------------------------------------------
-
-
-def decide_add(state: State, spec: Task | queue.TaskPatch, actor: str) -> Decision:
-    """Put a task in the queue, or update it; an identical repeat writes nothing."""
-    try:
-        events, current = queue.add_events(state.tasks, spec, actor)
-    except FleetclaimsError as exc:
-        return Decision((), exc)
-    return Decision(events, result=current)
-
-
-def decide_add_many(state: State, specs: tuple[Task | queue.TaskPatch, ...],
-                    actor: str) -> Decision:
-    """Put several tasks in the queue in one transaction: all of them or none."""
-    try:
-        events = queue.add_many_events(state.tasks, specs, actor)
-    except FleetclaimsError as exc:
-        return Decision((), exc)
-    return Decision(events, result=len(events))
-
-
-def decide_depend(state: State, task: str, on: tuple[str, ...], actor: str) -> Decision:
-    """Add dependencies to a queued task (refusing a cycle, or more than 256 of them)."""
-    try:
-        spec = queue.depend_patch(queue.require(state.tasks, task), on)
-    except FleetclaimsError as exc:
-        return Decision((), exc)
-    return decide_add(state, spec, actor)
-
-
-def decide_block(state: State, task: str, reason: str, actor: str) -> Decision:
-    try:
-        current = queue.require(state.tasks, task)
-    except FleetclaimsError as exc:
-        return Decision((), exc)
-    if current.blocked == reason:
-        return Decision(result=False)
-    event = {"type": ev.TASK_BLOCKED, "task": task, "actor": actor, "reason": reason}
-    return Decision((event,), result=True)
-
-
-def decide_unblock(state: State, task: str, actor: str, reason: str | None) -> Decision:
-    """Unblock; records ``became_ready`` too when nothing else holds the task back."""
-    try:
-        current = queue.require(state.tasks, task)
-    except FleetclaimsError as exc:
-        return Decision((), exc)
-    if current.blocked is None:
-        return Decision(result=False)
-    events: list[dict[str, Any]] = [
-        {"type": ev.TASK_UNBLOCKED, "task": task, "actor": actor, "reason": reason}]
-    if queue.status(replace(current, blocked=None), state.claims).status == queue.READY:
-        events.append({"type": ev.BECAME_READY, "task": task, "actor": actor,
-                       "after": "unblock"})
-    return Decision(tuple(events), result=True)
 
 
 def decide_claim_next(

@@ -449,3 +449,19 @@ def test_claims_data_matches_claims(make_registry: Callable[[], Registry],
             assert [_data_doc(d, now) for d in data] == [claim_doc(c, now) for c in claims]
         assert {d["task"] for d in fresh.claims_data()} == {"a-live", "b-parked", "f-other"}
         fresh.close()
+
+
+def test_a_holder_taken_over_for_a_dead_owner_is_told_when_it_ended(
+        registry: Registry, prober: FakeProber, clock: FakeClock) -> None:
+    """Taken over because its owner process died, the old holder was told its lease "expired
+    at" the lease's end, still minutes ahead; it ended at the take-over."""
+    prober.as_pid(5001)
+    c = registry.claim("t1", owner="a", ttl=600)
+    assert c.token is not None and c.expires_at is not None
+    prober.as_pid(5002)
+    prober.kill(5001)
+    clock.advance(5)
+    registry.recover("t1", owner="b", reason="a died")
+    with pytest.raises(LeaseExpired) as info:
+        registry.renew("t1", token=c.token)
+    assert info.value.expired_at is not None and info.value.expired_at < c.expires_at

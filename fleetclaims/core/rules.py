@@ -322,11 +322,11 @@ def _retired_error(task: str, current: Claim | None, token_hash: str) -> Fleetcl
     for old in current.retired:
         if old.token_hash != token_hash:
             continue
-        if old.cause == "recovered":
-            return LeaseExpired(
-                task, owner=old.owner, fence=old.fence, expired_at=old.expired_at,
-                taken_by=old.by, reason=old.rule,
-            )
+        if old.cause == "recovered":  # (taken over when its owner died: it ended then)
+            ended = old.expired_at if old.at is None or old.expired_at is None else min(
+                old.expired_at, old.at)
+            return LeaseExpired(task, owner=old.owner, fence=old.fence, expired_at=ended,
+                                taken_by=old.by, reason=old.rule)
         if old.cause in ("preempted", "superseded"):
             return ClaimSuperseded(
                 task, owner=old.owner, fence=old.fence, winner=old.by or "?",

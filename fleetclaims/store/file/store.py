@@ -434,8 +434,7 @@ class FileStore(History):
         self._checkpoint(unlocked=True)
 
     def leave_snapshot(self) -> None:
-        """The settle helper's checkpoint: unlocked, never over a newer one (encoding 100,000
-        claims takes ~0.3 s, which a writer arriving meanwhile must not wait for)."""
+        """The settle helper's checkpoint: unlocked (see rest.checkpoint_lagging)."""
         with self._mutex:
             self._leave_snapshot()
 

@@ -69,3 +69,58 @@ def test_a_merge_never_takes_a_fence_back(tmp_path: Path, first: str, then: str)
         reg.close()
         state = Registry(tmp_path / name, clock=clock, prober=FakeProber()).store.read()
         assert claims_view(replay(whole_journal(tmp_path / name))) == claims_view(state)
+
+
+@pytest.mark.parametrize("later", ["a", "b"])
+def test_a_pair_merged_at_two_times_has_one_winner(tmp_path: Path, later: str) -> None:
+    """The resolver reads no clock: A's 3 s lease and B's 10 min one, granted 0.2 s apart on
+    parted copies, settle alike whether a side merges while A's lease runs or after it ended
+    (it did not: the earlier merge kept ana, the later one bob, two live winners). ana's grant
+    was live when bob's was made: she wins by the earlier claim time on both."""
+    clock = FakeClock()
+    a = Registry(tmp_path / "a", clock=clock, prober=FakeProber())
+    b = Registry(tmp_path / "b", clock=clock, prober=FakeProber())
+    a.claim("t", owner="ana", ttl=3)
+    clock.advance(0.2)
+    b.claim("t", owner="bob", ttl=600)
+    for reg in (a, b):
+        reg.close()
+    shutil.copytree(tmp_path / "a", tmp_path / "a-copy")
+    shutil.copytree(tmp_path / "b", tmp_path / "b-copy")
+    a = Registry(tmp_path / "a", clock=clock, prober=FakeProber())
+    b = Registry(tmp_path / "b", clock=clock, prober=FakeProber())
+    early, late = (b, a) if later == "a" else (a, b)
+    early.merge(tmp_path / ("a-copy" if early is b else "b-copy"))
+    clock.advance(4)  # ana's lease has ended
+    late.merge(tmp_path / ("a-copy" if late is b else "b-copy"))
+    got = {name: reg.get("t") for name, reg in (("a", a), ("b", b))}
+    assert got["a"] is not None and got["b"] is not None
+    assert (got["a"].owner, got["a"].fence) == (got["b"].owner, got["b"].fence) == ("ana", 2)
+    # Both sides recorded ana's grant anew: merging them again is no conflict, and ana is not
+    # superseded by herself (it was: a conflict "identical", her own token retired)
+    again = early.merge(tmp_path / ("a" if early is b else "b"))
+    assert again.conflicts == ()
+    kept = early.get("t")
+    assert kept is not None and kept.owner == "ana"
+    assert kept.token_hash not in {r.token_hash for r in kept.retired}
+    for reg in (a, b):
+        reg.close()
+
+
+def test_a_lease_ended_before_the_other_grant_is_stale_in_a_merge(tmp_path: Path) -> None:
+    """Bob's grant came after ana's lease had ended (she did not renew): bob wins on both
+    sides, by "not stale before stale", whenever they merge."""
+    clock = FakeClock()
+    a = Registry(tmp_path / "a", clock=clock, prober=FakeProber())
+    b = Registry(tmp_path / "b", clock=clock, prober=FakeProber())
+    a.claim("t", owner="ana", ttl=3)
+    clock.advance(5)
+    b.claim("t", owner="bob", ttl=600)
+    plan = a.merge(tmp_path / "b")
+    b.merge(tmp_path / "a")
+    for reg in (a, b):
+        got = reg.get("t")
+        assert got is not None and got.owner == "bob"
+    assert [c.rule for c in plan.conflicts] in ([], ["not stale before stale"])
+    for reg in (a, b):
+        reg.close()

@@ -16,7 +16,6 @@ from . import events as ev
 from .model import COMPLETED, EXPIRED, RELEASED, RETIRED_KEPT, Claim, Now, Retired, Task
 from .queue import find_cycle
 from .resolver import compare
-from .rules import lease_expired
 from .state import State
 
 _SKIP_ON_IMPORT = ("seq", "prev", "hash", "ohash")
@@ -77,8 +76,19 @@ def _regranted(win: Claim, lose: Claim, floor: int) -> int | None:
     return floor + 1
 
 
-def _stale(claim: Claim, now: Now) -> bool:
-    return claim.state == EXPIRED or lease_expired(claim, now)
+def _stale_against(claim: Claim, other: Claim) -> bool:
+    """Whether ``claim`` was stale when ``other`` was granted: recorded as expired, or its
+    lease had ended by the other's claim time. Recorded fields only, never the clock: the
+    merge settles the pair alike on every side and at any time (with the clock, a pair merged
+    one way while the earlier lease ran and the other way after it ended kept two winners)."""
+    return claim.state == EXPIRED or (
+        claim.expires_at is not None and claim.expires_at <= other.claimed_at)
+
+
+def _latest(claim: Claim) -> tuple[int, float, float, bytes]:
+    """Which of two records of one grant is the later one (a total order of recorded fields:
+    the higher fence, then the later renewal and expiry, then the event id)."""
+    return (claim.fence, claim.renewed_at or 0.0, claim.expires_at or 0.0, claim.eid.encode())
 
 
 def _rank(claim: Claim) -> int:
@@ -140,18 +150,25 @@ def plan_merge(
                 b.retired, () if a is None else a.retired)).to_dict())
             continue
         # Concurrent histories: settle by rank, then by the resolver order.
+        same = False
         if _rank(a) != _rank(b):
             win, lose = (a, b) if _rank(a) < _rank(b) else (b, a)
             rule = "completed before held before released"
+        elif a.token_hash and a.token_hash == b.token_hash:
+            # One grant seen through two histories (both sides merged the same pair, each
+            # recording it anew): no conflict, and its holder is not superseded by itself.
+            same = True
+            win, lose = (a, b) if _latest(a) >= _latest(b) else (b, a)
+            rule = "same grant"
         else:
-            order, rule = compare(a, _stale(a, now), b, _stale(b, now))
+            order, rule = compare(a, _stale_against(a, b), b, _stale_against(b, a))
             win, lose = (a, b) if order <= 0 else (b, a)
         fence = _regranted(win, lose, floor)
         if fence is not None:  # (its token stays: renew returns the new fence)
             floor = fence
             win = replace(win, fence=fence, eid=f"{win.eid}{_REGRANT}{fence}")
         extra: tuple[Retired, ...] = ()
-        if lose.live:
+        if lose.live and not same:
             conflicts.append(Conflict(task, win.owner, win.fence, lose.owner, lose.fence, rule))
             extra = (Retired(lose.token_hash, lose.fence, lose.owner, "superseded", by=win.owner,
                              rule=rule, at=now.wall, expired_at=lose.expires_at),)

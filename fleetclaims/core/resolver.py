@@ -2,7 +2,8 @@
 
 Rules, in order: not stale before stale, lower priority number, earlier claim time, owner name,
 token hash. Strings compare as UTF-8 bytes (no locale); floats compare numerically; nothing
-depends on dict order or on the clock.
+depends on dict order or on the clock (a merge decides staleness from the two records: a claim
+recorded as expired, or whose lease had ended by the other's claim time; merge._stale_against).
 """
 
 from __future__ import annotations

@@ -263,3 +263,49 @@ def test_pre_push_refuses_commits_fenced_below_the_remote_lease(tmp_path: Path) 
                             text=True, check=False)
     assert pushed.returncode == 0, pushed.stderr
     assert git("log", "-1", "--format=%s", "main", cwd=bare) == "current work"
+
+
+def test_a_merge_regrant_raises_the_remote_lease_fence_too(tmp_path: Path) -> None:
+    """A sync re-grants a clone's remote claim above the fences the other side handed out
+    (fences never go back); the lease on the remote carries the new fence, so a third clone
+    that never synced claims above it once the lease ends (it got fence 2, under the fence the
+    first holder's commits carry)."""
+    clock = FakeClock()
+    bare, (a, b, d) = remote_with_clones(tmp_path, 3)
+    ra, rb = Registry(registry_dir(a), clock=clock), Registry(registry_dir(b), clock=clock)
+    rd = Registry(registry_dir(d), clock=clock)
+    for i in range(5):  # b's fence counter runs ahead
+        rb.claim(f"pad{i}", owner="bob")
+    held = ra.claim("t", owner="ana", ttl=4, remote="origin")
+    rb.claim("t", owner="bob", ttl=600)  # local only, apart
+    ra.sync("origin")
+    rb.sync("origin")
+    report = ra.sync("origin")
+    kept = ra.get("t")
+    assert kept is not None and kept.owner == "ana" and kept.fence > held.fence
+    assert report.conflicts or kept.fence > 6
+    assert _lease_log(bare, "t")[-1]["fence"] == kept.fence
+    # (raised by whichever clone's sync re-granted it first: the same grant, a higher fence)
+    assert any(e["type"] == "remote_lease" and e.get("action") == "refenced"
+               for reg in (ra, rb) for e in reg.store.iter_events(0))
+    clock.advance(10)  # ana's lease has ended
+    later = rd.claim("t", owner="dan", ttl=600, remote="origin")
+    assert later.fence > kept.fence
+
+
+def test_a_remote_lease_recorded_completed_refuses_a_claim(tmp_path: Path) -> None:
+    """The remote says the task was completed on another machine: a clone that has not synced
+    that yet is refused with TaskCompleted (it was granted, and the lease then read held),
+    and nothing changes there or on the remote."""
+    from fleetclaims.core.errors import TaskCompleted
+
+    bare, (a, b) = remote_with_clones(tmp_path, 2)
+    ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
+    c = ra.claim("t", owner="ana", ttl=600, remote="origin")
+    ra.complete("t", token=token_of(c), remote="origin")
+    before = _lease_log(bare, "t")
+    with pytest.raises(TaskCompleted) as info:
+        rb.claim("t", owner="bob", ttl=600, remote="origin")
+    assert info.value.owner == "ana" and "sync" in str(info.value)
+    assert rb.get("t") is None
+    assert _lease_log(bare, "t") == before

@@ -198,7 +198,8 @@ class TaskCompleted(FleetclaimsError):
 
     code = "completed"
 
-    def __init__(self, task: str, *, owner: str, fence: int, completed_at: float | None) -> None:
+    def __init__(self, task: str, *, owner: str, fence: int, completed_at: float | None,
+                 hint: str | None = None) -> None:
         self.task = task
         self.owner = owner
         self.fence = fence
@@ -206,7 +207,8 @@ class TaskCompleted(FleetclaimsError):
         when = "" if completed_at is None else f" at {_iso(completed_at)}"
         super().__init__(
             f"task {task!r} was completed by {owner!r} (fence {fence}){when}.",
-            hint=f"Reopen it first (`fleetclaims reopen {task} --reason ...`) to work on it again.",
+            hint=hint or f"Reopen it first (`fleetclaims reopen {task} --reason ...`) to work "
+            "on it again.",
         )
 
 

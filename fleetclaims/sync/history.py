@@ -30,6 +30,7 @@ from .gitrefs import Git, remote_key, repository_of
 
 if TYPE_CHECKING:
     from ..api import Registry
+    from ..core.state import State
 
 JOURNAL_NS = "refs/fleetclaims/journal/"
 CHUNK = 1024  # journal lines per blob: a full blob never changes, so it is written once
@@ -135,6 +136,7 @@ def sync(reg: Registry, remote: str | None = None, *, actor: str = "sync",
         if not ok:
             continue  # another sync of this registry moved our ref meanwhile: fetch again
         state = reg.store.read()
+        _refence_leases(reg, remote, state, changed)
         now_seen = {o: s for o, s in incoming.items() if o != state.origin}
         if published or state.origin in incoming:
             now_seen[state.origin] = published or incoming[state.origin]
@@ -147,6 +149,23 @@ def sync(reg: Registry, remote: str | None = None, *, actor: str = "sync",
                           tuple(conflicts), published, now_seen, restored)
     raise RemoteRewritten(remote, JOURNAL_NS + reg.store.read().origin,
                           f"it kept moving under {_ATTEMPTS} attempts to publish")
+
+
+def _refence_leases(reg: Registry, remote: str, state: State, changed: set[str]) -> None:
+    """The claims a merge changed that this registry holds through a lease on ``remote``:
+    a re-granted fence goes to the lease too (fences only grow across machines: a clone that
+    never synced claims above it). One ``ls-remote`` of the leases, then one per changed
+    live claim that has a lease there."""
+    from .remote_lease import LEASES_NS, RemoteLeases, lease_ref
+
+    live = [c for task in sorted(changed) if (c := state.claims.get(task)) is not None and c.live]
+    if not live:
+        return
+    leases = RemoteLeases(reg, remote)
+    held = leases.git.ls_remote(remote, LEASES_NS + "*")
+    for claim in live:
+        if lease_ref(claim.task) in held:
+            leases.refence(claim, state.origin)
 
 
 def _restore(reg: Registry, git: Git, side: _Side, incoming: dict[str, str],

@@ -31,6 +31,7 @@ from ..core.errors import (
     NotHolder,
     RemoteRewritten,
     RemoteUnavailable,
+    TaskCompleted,
     ValidationError,
 )
 from ..core.model import UNKNOWN_VERDICT, Claim, Now
@@ -104,6 +105,13 @@ class RemoteLeases:
         raw, grant = self.reg._grant(**grant_args)
         if lease is not None and live(lease, now.wall) and lease["token_hash"] != grant.token_hash:
             raise self._conflict(task, lease)
+        if lease is not None and lease["state"] == COMPLETED:
+            # (the local rules would refuse it too, once this clone has the completion)
+            raise TaskCompleted(
+                task, owner=str(lease["owner"]), fence=int(lease["fence"]), completed_at=None,
+                hint=f"It was completed on another machine (git remote {self.remote!r}, "
+                f"{lease_ref(task)}): run `fleetclaims sync` to bring that history here, and "
+                "reopen it to work on it again.")
         floor = int(lease["fence"]) if lease is not None else 0
 
         def decide(state: State, now: Now) -> Decision:
@@ -162,6 +170,22 @@ class RemoteLeases:
                             f"{action.replace('_', ' ')} was being recorded")
         self.record(task, action, claim.owner, claim.fence, commit, expires_at=claim.expires_at)
         return result
+
+    def refence(self, claim: Claim, origin: str) -> bool:
+        """After a merge re-granted ``claim`` (one this registry holds through the remote) a
+        higher fence: the remote lease carries it too, so the next grant on any machine is
+        above it and a commit of the old holder's work under a lower fence is refused. False
+        when there is nothing to raise, or the lease moved meanwhile (it is no longer ours)."""
+        old, lease = self.read(claim.task)
+        if (lease is None or lease["state"] != HELD or lease["token_hash"] != claim.token_hash
+                or int(lease["fence"]) >= claim.fence or not claim.live):
+            return False
+        commit = self.swap(claim.task, old, document(claim, HELD, origin, self.reg._now().wall))
+        if commit is None:
+            return False
+        self.record(claim.task, "refenced", claim.owner, claim.fence, commit,
+                    expires_at=claim.expires_at)
+        return True
 
     def _undo(self, task: str, mine: Claim, why: str) -> None:
         """The grant never reached the remote: release it here, and say why."""

@@ -325,3 +325,31 @@ def test_a_remote_that_refuses_the_push_says_so(tmp_path: Path) -> None:
         reg.sync("origin")
     with pytest.raises(RemoteUnavailable, match="refused the push"):
         reg.claim("b", owner="alice", ttl=600, remote="origin")
+
+
+def test_two_syncs_of_one_registry_at_once_both_succeed(tmp_path: Path) -> None:
+    """Agents in worktrees of one clone share its registry, and may sync at the same moment
+    while another clone publishes: both succeed, one after the other (they raced on the refs
+    of what was seen: a false RemoteRewritten, or `cannot lock ref` told as the network)."""
+    import sys
+
+    _, (a, b) = remote_with_clones(tmp_path, 2)
+    ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
+    ra.claim("a0", owner="ana")
+    ra.sync("origin")
+    rb.sync("origin")
+    env = {**os.environ, "FLEETCLAIMS_DIR": registry_dir(a)}
+    for i in range(6):
+        rb.claim(f"b{i}", owner="bob")
+        rb.sync("origin")
+        ra.claim(f"a{i + 1}", owner="ana")
+        procs = [subprocess.Popen([sys.executable, "-m", "fleetclaims", "sync", "origin"],
+                                  cwd=a, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, f"round {i}: {out}{err}"
+    rb.sync("origin")
+    for reg in (ra, rb):
+        assert {f"b{i}" for i in range(6)} | {f"a{i}" for i in range(7)} <= {
+            c.task for c in reg.claims()}

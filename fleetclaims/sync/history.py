@@ -17,14 +17,27 @@ reach. Offline, the fetch fails first: ``RemoteUnavailable`` and nothing changed
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..core.chain import check_seal
-from ..core.errors import AuditCorrupt, RegistryCorrupt, RemoteRewritten, ValidationError
+from ..core.errors import (
+    AuditCorrupt,
+    RegistryBusy,
+    RegistryCorrupt,
+    RemoteRewritten,
+    ValidationError,
+)
 from ..core.merge import Conflict
 from .gitrefs import Git, remote_key, repository_of
 
@@ -106,6 +119,51 @@ def sync(reg: Registry, remote: str | None = None, *, actor: str = "sync",
     remote = remote or git.default_remote()
     if remote.startswith("-"):
         raise ValidationError("remote", "must be a remote name or URL", value=remote)
+    with _one_sync_at_a_time(reg):
+        return _sync(reg, git, remote, actor, accept_rewritten)
+
+
+_SYNC_BYTE = (1 << 20) + 2  # of claims.lock (rest.SETTLE_BYTE is two bytes before)
+_SYNC_WAIT = 300.0  # seconds a sync waits for another sync of the same registry
+_THREADS = threading.Lock()
+
+
+@contextlib.contextmanager
+def _one_sync_at_a_time(reg: Registry) -> Iterator[None]:
+    """Syncs of one registry run one after the other (agents in worktrees of one clone share
+    its registry): two at once raced on the local refs of what was seen, and one read the
+    other's half-updated refs as a rewritten remote (a false RemoteRewritten) or lost a ref
+    lock (`cannot lock ref`, reported as the network). A POSIX record lock on one byte of
+    claims.lock between processes, a mutex between threads; the second sync then fetches
+    what the first published and goes on."""
+    path = os.path.join(reg.location, "claims.lock")
+    try:
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        fd = -1  # (no registry yet, or read-only: the sync itself says what is wrong)
+    deadline = time.monotonic() + _SYNC_WAIT
+    with _THREADS:
+        try:
+            while fd >= 0:
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _SYNC_BYTE)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                        break
+                    if time.monotonic() >= deadline:
+                        raise RegistryBusy(
+                            reg.location, _SYNC_WAIT, holder="another sync of this registry",
+                        ) from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            if fd >= 0:
+                os.close(fd)  # (releases the byte)
+
+
+def _sync(reg: Registry, git: Git, remote: str, actor: str,
+          accept_rewritten: bool) -> SyncReport:
     side = _Side(git, remote)
     merged: list[str] = []
     changed: set[str] = set()

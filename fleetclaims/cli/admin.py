@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..core.errors import RegistryNotFound, ValidationError
 from .args import AddParser, Handler, registry
 from .output import EXIT_DAMAGED, EXIT_OK
+from .sync import path_conflict_lines
 
 if TYPE_CHECKING:
     from .output import Out
@@ -62,7 +63,8 @@ def cmd_merge(args: argparse.Namespace, out: Out) -> int:
                  "conflicts": [c.to_dict() for c in plan.conflicts],
                  "tasks_changed": list(plan.tasks_changed),
                  "task_conflicts": list(plan.task_conflicts),
-                 "queue_cycles": [list(c) for c in plan.cycles]})
+                 "queue_cycles": [list(c) for c in plan.cycles],
+                 "path_conflicts": [c.to_dict() for c in plan.path_conflicts]})
         return EXIT_OK
     if not plan.events:
         out.line("nothing new to merge")
@@ -72,6 +74,8 @@ def cmd_merge(args: argparse.Namespace, out: Out) -> int:
     for c in plan.conflicts:
         out.line(f"  {c.task}: {c.winner} (fence {c.winner_fence}) wins over {c.loser} "
                  f"(fence {c.loser_fence}) by {c.rule}")
+    for line in path_conflict_lines(plan.path_conflicts):
+        out.line(line)
     for task in plan.task_conflicts:
         out.line(f"  {task}: changed on both sides; the later change was kept")
     for loop in plan.cycles:

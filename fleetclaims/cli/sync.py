@@ -10,7 +10,10 @@ from .args import AddParser, Handler, registry
 from .output import EXIT_OK
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ..api import Registry
+    from ..core.merge_paths import PathConflict
     from .output import Out
 
 EXAMPLES = {
@@ -67,7 +70,16 @@ def cmd_sync(args: argparse.Namespace, out: Out) -> int:
     for c in report.conflicts:
         out.line(f"  {c.task}: {c.winner} (fence {c.winner_fence}) wins over {c.loser} "
                  f"(fence {c.loser_fence}) by {c.rule}; see `fleetclaims explain {c.task}`")
+    for line in path_conflict_lines(report.path_conflicts):
+        out.line(line)
     return EXIT_OK
+
+
+def path_conflict_lines(found: Sequence[PathConflict]) -> list[str]:
+    """One line per reservation a merge took from a claim (merge_paths)."""
+    return [f"  {c.loser_task}: {c.loser} no longer reserves {', '.join(c.dropped)}: it "
+            f"overlapped {c.winner}'s reservation for {c.winner_task!r} (granted apart; "
+            f"{c.winner} wins by {c.rule})" for c in found]
 
 
 def _check_fences(args: argparse.Namespace, out: Out) -> int:

@@ -160,7 +160,8 @@ REGISTRIES_MERGED: Final = _declare(
     "registries_merged",
     ("actor", "source", "source_origin", "imported_events", "claims", "fence_floor",
      "conflicts"),
-    "registry merged from {source}", ("tasks", "task_conflicts", "queue_cycles", "origin"))
+    "registry merged from {source}",
+    ("tasks", "task_conflicts", "queue_cycles", "origin", "path_conflicts"))
 TASK_ADDED: Final = _declare(
     "task_added", _QUEUE_SPEC, "{actor} added {task} to the queue (priority {priority})",
     _QUEUE_TEXT)

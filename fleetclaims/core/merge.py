@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import events as ev
-from .model import COMPLETED, EXPIRED, RELEASED, RETIRED_KEPT, Claim, Now, Retired, Task
+from .merge_paths import PathConflict, settle, stale_against
+from .model import COMPLETED, RELEASED, RETIRED_KEPT, Claim, Now, Retired, Task
 from .queue import find_cycle
 from .resolver import compare
 from .state import State
@@ -46,6 +47,8 @@ class MergePlan:
     tasks_changed: tuple[str, ...] = ()
     task_conflicts: tuple[str, ...] = ()
     cycles: tuple[tuple[str, ...], ...] = ()
+    # Overlapping path reservations granted apart: the loser's overlapping patterns dropped.
+    path_conflicts: tuple[PathConflict, ...] = ()
 
 
 def ids_of(events: list[dict[str, Any]]) -> set[str]:
@@ -76,13 +79,6 @@ def _regranted(win: Claim, lose: Claim, floor: int) -> int | None:
     return floor + 1
 
 
-def _stale_against(claim: Claim, other: Claim) -> bool:
-    """Whether ``claim`` was stale when ``other`` was granted: recorded as expired, or its
-    lease had ended by the other's claim time. Recorded fields only, never the clock: the
-    merge settles the pair alike on every side and at any time (with the clock, a pair merged
-    one way while the earlier lease ran and the other way after it ended kept two winners)."""
-    return claim.state == EXPIRED or (
-        claim.expires_at is not None and claim.expires_at <= other.claimed_at)
 
 
 def _latest(claim: Claim) -> tuple[int, float, float, bytes]:
@@ -135,7 +131,7 @@ def plan_merge(
     their_ids = ids_of(their_events)
     new_events = _imported(their_events, our_ids)
 
-    merged: list[dict[str, Any]] = []
+    merged: dict[str, Claim] = {}
     superseded: list[dict[str, Any]] = []
     conflicts: list[Conflict] = []
     changed: list[str] = []
@@ -146,8 +142,8 @@ def plan_merge(
             continue  # nothing new from them for this task
         if a is None or a.eid in their_ids:
             changed.append(task)
-            merged.append(replace(b, retired=_union_retired(
-                b.retired, () if a is None else a.retired)).to_dict())
+            merged[task] = replace(b, retired=_union_retired(
+                b.retired, () if a is None else a.retired))
             continue
         # Concurrent histories: settle by rank, then by the resolver order.
         same = False
@@ -161,7 +157,7 @@ def plan_merge(
             win, lose = (a, b) if _latest(a) >= _latest(b) else (b, a)
             rule = "same grant"
         else:
-            order, rule = compare(a, _stale_against(a, b), b, _stale_against(b, a))
+            order, rule = compare(a, stale_against(a, b), b, stale_against(b, a))
             win, lose = (a, b) if order <= 0 else (b, a)
         fence = _regranted(win, lose, floor)
         if fence is not None:  # (its token stays: renew returns the new fence)
@@ -180,8 +176,9 @@ def plan_merge(
         record = replace(win, retired=_union_retired(win.retired, lose.retired, extra))
         if record != a:
             changed.append(task)
-            merged.append(record.to_dict())
+            merged[task] = record
 
+    path_conflicts = _settle_paths(ours, merged, changed) if merged else []
     tasks, task_conflicts = _merge_queue(ours, theirs, our_ids, their_ids)
     cycles = _cycles_closed(ours, tasks)
     # Another registry's merge bookkeeping alone is no reason to write: without this rule two
@@ -195,17 +192,39 @@ def plan_merge(
         "source": source,
         "source_origin": theirs.origin,
         "imported_events": len(new_events),
-        "claims": merged,
+        "claims": [claim.to_dict() for claim in merged.values()],
         "fence_floor": floor,
         "conflicts": [c.to_dict() for c in conflicts],
     }
+    if path_conflicts:  # (absent when none: the event keeps its earlier shape)
+        summary["path_conflicts"] = [c.to_dict() for c in path_conflicts]
     if tasks:  # (absent when the queue is untouched: the event keeps its earlier shape)
         summary.update(tasks=[t.to_dict() for t in tasks], task_conflicts=task_conflicts,
                        queue_cycles=[list(c) for c in cycles])
     return MergePlan(
         (*new_events, summary, *superseded), len(new_events), tuple(changed), tuple(conflicts),
         tuple(t.task for t in tasks), tuple(task_conflicts), tuple(cycles),
+        tuple(path_conflicts),
     )
+
+
+def _settle_paths(ours: State, merged: dict[str, Claim], changed: list[str]) -> list[PathConflict]:
+    """Overlapping reservations granted apart (merge_paths): a loser's record, with the
+    patterns it lost, joins the merged records."""
+    view: dict[str, Claim] = {}
+    for task, data in ours.claims.raw_items():
+        if isinstance(data, dict) and (data.get("paths") or data.get("shared_paths")):
+            claim = ours.claims.get(task)
+            if claim is not None:
+                view[task] = claim
+    view.update(merged)
+    found = settle(view)
+    for conflict in found:
+        task = conflict.loser_task
+        merged[task] = view[task]
+        if task not in changed:
+            changed.append(task)
+    return found
 
 
 def _task_content(task: Task) -> str:

@@ -39,6 +39,7 @@ from ..core.errors import (
     ValidationError,
 )
 from ..core.merge import Conflict
+from ..core.merge_paths import PathConflict
 from .gitrefs import Git, remote_key, repository_of
 
 if TYPE_CHECKING:
@@ -65,13 +66,15 @@ class SyncReport:
     published: str | None = None
     seen: dict[str, str] = field(default_factory=dict)
     restored: int = 0  # journal lines taken back from the remote into an emptied registry
+    path_conflicts: tuple[PathConflict, ...] = ()  # reservations granted apart, settled
 
     def to_dict(self) -> dict[str, Any]:
         return {"remote": self.remote, "origin": self.origin, "merged": list(self.merged),
                 "imported_events": self.imported_events, "changed": list(self.changed),
                 "conflicts": [c.to_dict() for c in self.conflicts],
                 "published": self.published, "registries": dict(sorted(self.seen.items())),
-                "restored": self.restored}
+                "restored": self.restored,
+                "path_conflicts": [c.to_dict() for c in self.path_conflicts]}
 
 
 class _Side:
@@ -168,6 +171,7 @@ def _sync(reg: Registry, git: Git, remote: str, actor: str,
     merged: list[str] = []
     changed: set[str] = set()
     conflicts: list[Conflict] = []
+    path_conflicts: list[PathConflict] = []
     imported = restored = 0
     for _attempt in range(_ATTEMPTS):
         incoming = side.fetch()
@@ -187,6 +191,7 @@ def _sync(reg: Registry, git: Git, remote: str, actor: str,
             imported += plan.imported
             changed.update(plan.changed)
             conflicts.extend(plan.conflicts)
+            path_conflicts.extend(plan.path_conflicts)
         # Accepting a rewrite, our commit also descends from what we published before, so the
         # clones that saw that still find their commit in the ref's history.
         heal = seen.get(our_origin) if accept_rewritten else None
@@ -204,7 +209,8 @@ def _sync(reg: Registry, git: Git, remote: str, actor: str,
         git.update_refs({**{ns + o: None for o in seen if o not in now_seen},
                          **{ns + o: s for o, s in now_seen.items()}, **home})
         return SyncReport(remote, state.origin, tuple(merged), imported, tuple(sorted(changed)),
-                          tuple(conflicts), published, now_seen, restored)
+                          tuple(conflicts), published, now_seen, restored,
+                          tuple(path_conflicts))
     raise RemoteRewritten(remote, JOURNAL_NS + reg.store.read().origin,
                           f"it kept moving under {_ATTEMPTS} attempts to publish")
 

@@ -353,3 +353,30 @@ def test_two_syncs_of_one_registry_at_once_both_succeed(tmp_path: Path) -> None:
     for reg in (ra, rb):
         assert {f"b{i}" for i in range(6)} | {f"a{i}" for i in range(7)} <= {
             c.task for c in reg.claims()}
+
+
+def test_a_remote_urls_password_is_never_shown(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A URL with a password (an unreachable one here): the message, the --json answer and
+    the journal name the remote with ``***`` for the password (git's own part redacts it)."""
+    from fleetclaims.core.errors import shown_remote
+
+    assert shown_remote("https://ana:s3cret@host/x.git") == "https://ana:***@host/x.git"
+    assert shown_remote("https://ana@host/x.git") == "https://ana@host/x.git"
+    assert shown_remote("origin") == "origin"
+    assert shown_remote("/srv/git/x.git") == "/srv/git/x.git"
+    _, (a,) = remote_with_clones(tmp_path, 1)
+    Registry(registry_dir(a)).claim("t", owner="ana")
+    url = "http://user:s3cretpw@127.0.0.1:1/x.git"
+    for extra in ([], ["--json"]):
+        code = main(["--dir", registry_dir(a), "sync", url, *extra])
+        captured = capsys.readouterr()
+        assert code == 1
+        assert "s3cretpw" not in captured.out + captured.err
+        assert "user:***@127.0.0.1" in captured.out + captured.err
+    reg = Registry(registry_dir(a))
+    with pytest.raises(RemoteUnavailable) as info:
+        reg.claim("u", owner="ana", remote=url)
+    assert "s3cretpw" not in str(info.value)
+    assert info.value.remote == "http://user:***@127.0.0.1:1/x.git"
+    assert not any("s3cretpw" in json.dumps(e) for e in reg.store.iter_events(0))

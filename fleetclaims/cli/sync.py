@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from ..core.errors import shown_remote
 from .args import AddParser, Handler, registry
 from .output import EXIT_OK
 
@@ -60,7 +61,7 @@ def cmd_sync(args: argparse.Namespace, out: Out) -> int:
     if out.json:
         out.doc(report.to_dict())
         return EXIT_OK
-    out.line(f"synced with {report.remote}: {len(report.merged)} registries merged, "
+    out.line(f"synced with {shown_remote(report.remote)}: {len(report.merged)} registries merged, "
              f"{report.imported_events} events imported, {len(report.changed)} claims changed, "
              + (f"published {report.published[:12]}" if report.published else
                 "nothing new to publish"))

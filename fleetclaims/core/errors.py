@@ -503,6 +503,19 @@ class MissingDependency(FleetclaimsError):
                          hint=f"Install it: {install}")
 
 
+def shown_remote(remote: str) -> str:
+    """A git remote as messages, reports and the journal show it: a URL's password replaced
+    by ``***`` (git's own messages redact it too); anything else unchanged."""
+    scheme, sep, rest = remote.partition("://")
+    if not sep:
+        return remote
+    netloc, slash, path = rest.partition("/")
+    user, at, host = netloc.rpartition("@")
+    if not at or ":" not in user:
+        return remote
+    return f"{scheme}://{user.split(':', 1)[0]}:***@{host}{slash}{path}"
+
+
 class RemoteUnavailable(FleetclaimsError):
     """The git remote could not be reached (offline, path gone, refused); nothing was
     changed on it, and a sync changed nothing here either (run it again later)."""
@@ -510,7 +523,7 @@ class RemoteUnavailable(FleetclaimsError):
     code = "remote_unavailable"
 
     def __init__(self, remote: str, reason: str, *, hint: str | None = None) -> None:
-        self.remote = remote
+        self.remote = remote = shown_remote(remote)
         self.reason = reason
         super().__init__(f"git remote {remote!r} unavailable: {reason}.", hint=hint or (
             "Check the network and the remote's URL (`git remote -v`), then run it again: "
@@ -525,7 +538,7 @@ class RemoteRewritten(FleetclaimsError):
     code = "remote_rewritten"
 
     def __init__(self, remote: str, ref: str, reason: str) -> None:
-        self.remote = remote
+        self.remote = remote = shown_remote(remote)
         self.ref = ref
         self.reason = reason
         super().__init__(

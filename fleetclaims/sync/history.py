@@ -37,6 +37,7 @@ from ..core.errors import (
     RegistryCorrupt,
     RemoteRewritten,
     ValidationError,
+    shown_remote,
 )
 from ..core.merge import Conflict
 from ..core.merge_paths import PathConflict
@@ -69,7 +70,8 @@ class SyncReport:
     path_conflicts: tuple[PathConflict, ...] = ()  # reservations granted apart, settled
 
     def to_dict(self) -> dict[str, Any]:
-        return {"remote": self.remote, "origin": self.origin, "merged": list(self.merged),
+        return {"remote": shown_remote(self.remote), "origin": self.origin,
+                "merged": list(self.merged),
                 "imported_events": self.imported_events, "changed": list(self.changed),
                 "conflicts": [c.to_dict() for c in self.conflicts],
                 "published": self.published, "registries": dict(sorted(self.seen.items())),
@@ -319,7 +321,7 @@ def _registry_of(reg: Registry, git: Git, remote: str, origin: str, sha: str) ->
     from ..store.memory import MemoryStore
 
     lines = _verified_lines(git, remote, origin, sha)
-    store = MemoryStore(clock=reg.clock, location=f"{remote}#{JOURNAL_NS + origin}")
+    store = MemoryStore(clock=reg.clock, location=f"{shown_remote(remote)}#{JOURNAL_NS + origin}")
     store.import_events(lines)
     return Registry(store=store, clock=reg.clock, prober=reg.prober)
 

@@ -33,6 +33,7 @@ from ..core.errors import (
     RemoteUnavailable,
     TaskCompleted,
     ValidationError,
+    shown_remote,
 )
 from ..core.model import UNKNOWN_VERDICT, Claim, Now
 from ..core.rules import Decision
@@ -63,6 +64,7 @@ class RemoteLeases:
         self.reg = reg
         self.git = Git(repository_of(reg.location))
         self.remote = remote or self.git.default_remote()
+        self.shown = shown_remote(self.remote)  # (as messages and the journal name it)
 
     # --- the remote ref ----------------------------------------------------------------------
 
@@ -91,7 +93,7 @@ class RemoteLeases:
     def record(self, task: str, action: str, claim_owner: str, fence: int, commit: str | None,
                **extra: Any) -> None:
         event = {"type": ev.REMOTE_LEASE, "task": task, "actor": claim_owner,
-                 "owner": claim_owner, "fence": fence, "remote": self.remote,
+                 "owner": claim_owner, "fence": fence, "remote": self.shown,
                  "action": action, "commit": commit or ""}
         event.update({k: v for k, v in extra.items() if v is not None})
         self.reg._run(lambda state, now: Decision((event,)))
@@ -109,7 +111,7 @@ class RemoteLeases:
             # (the local rules would refuse it too, once this clone has the completion)
             raise TaskCompleted(
                 task, owner=str(lease["owner"]), fence=int(lease["fence"]), completed_at=None,
-                hint=f"It was completed on another machine (git remote {self.remote!r}, "
+                hint=f"It was completed on another machine (git remote {self.shown!r}, "
                 f"{lease_ref(task)}): run `fleetclaims sync` to bring that history here, and "
                 "reopen it to work on it again.")
         floor = int(lease["fence"]) if lease is not None else 0
@@ -153,7 +155,7 @@ class RemoteLeases:
         old, lease = self.read(task)
         ours = lease is not None and lease["token_hash"] == th and lease["state"] == HELD
         if lease is not None and not ours and action != "released":
-            raise NotHolder(task, f"the lease on git remote {self.remote!r} is "
+            raise NotHolder(task, f"the lease on git remote {self.shown!r} is "
                             f"{lease['owner']}'s (fence {lease['fence']}, {lease['state']})",
                             holder=str(lease["owner"]), fence=int(lease["fence"]))
         result = local()
@@ -166,7 +168,7 @@ class RemoteLeases:
         if commit is None:
             self.record(task, "lost", claim.owner, claim.fence, None,
                         reason="the remote lease moved meanwhile")
-            raise NotHolder(task, f"the lease on git remote {self.remote!r} moved while this "
+            raise NotHolder(task, f"the lease on git remote {self.shown!r} moved while this "
                             f"{action.replace('_', ' ')} was being recorded")
         self.record(task, action, claim.owner, claim.fence, commit, expires_at=claim.expires_at)
         return result
@@ -197,7 +199,7 @@ class RemoteLeases:
         return ClaimConflict(
             task, holder=str(lease.get("owner", "?")), fence=int(lease.get("fence", 0)),
             expires_at=lease.get("expires_at"),
-            reason=f"held through git remote {self.remote!r} ({lease_ref(task)})")
+            reason=f"held through git remote {self.shown!r} ({lease_ref(task)})")
 
 
 def live(lease: dict[str, Any], wall: float) -> bool:

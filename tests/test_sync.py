@@ -380,3 +380,35 @@ def test_a_remote_urls_password_is_never_shown(tmp_path: Path,
     assert "s3cretpw" not in str(info.value)
     assert info.value.remote == "http://user:***@127.0.0.1:1/x.git"
     assert not any("s3cretpw" in json.dumps(e) for e in reg.store.iter_events(0))
+
+
+@pytest.mark.parametrize("kind", ["commit", "blob"])
+def test_a_ref_that_holds_no_journal_is_refused_and_can_be_passed_over(
+        tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ref under refs/fleetclaims/journal/ that is no clone's history (a project commit or a
+    blob pushed there by mistake): a sync refuses it typed (RemoteRewritten, exit 5, naming
+    the ref and what to do; a blob was `git ls-tree failed`, exit 1), and the advised
+    `--accept-rewritten` goes on without merging it, naming it (it repeated the refusal)."""
+    bare, (a, b) = remote_with_clones(tmp_path, 2)
+    ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
+    ra.claim("ta", owner="ana")
+    ra.sync("origin")
+    junk = (git("rev-parse", "HEAD", cwd=bare) if kind == "commit" else subprocess.run(
+        ["git", "hash-object", "-w", "--stdin"], cwd=bare, input=b"hello\n",
+        capture_output=True, check=True).stdout.decode().strip())
+    ref = JOURNAL_NS + "0123456789abcdef"
+    git("update-ref", ref, junk, cwd=bare)
+    rb.claim("tb", owner="bob")
+    with pytest.raises(RemoteRewritten) as info:
+        rb.sync("origin")
+    assert info.value.ref == ref and "git push REMOTE :REF" in str(info.value)
+    assert rb.get("ta") is None  # nothing merged
+    assert main(["--dir", registry_dir(b), "sync", "origin"]) == 5
+    capsys.readouterr()
+    assert main(["--dir", registry_dir(b), "sync", "origin", "--accept-rewritten"]) == 0
+    out = capsys.readouterr().out
+    assert f"not merged (accepted): {ref}" in out
+    assert _owner(rb, "ta") == "ana"
+    report = ra.sync("origin", accept_rewritten=True)
+    assert report.skipped and report.skipped[0].startswith(ref)
+    assert _owner(ra, "tb") == "bob"

@@ -73,6 +73,8 @@ def cmd_sync(args: argparse.Namespace, out: Out) -> int:
                  f"(fence {c.loser_fence}) by {c.rule}; see `fleetclaims explain {c.task}`")
     for line in path_conflict_lines(report.path_conflicts):
         out.line(line)
+    for what in report.skipped:
+        out.line(f"  not merged (accepted): {what}")
     return EXIT_OK
 
 

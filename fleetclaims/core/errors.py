@@ -537,15 +537,15 @@ class RemoteRewritten(FleetclaimsError):
 
     code = "remote_rewritten"
 
-    def __init__(self, remote: str, ref: str, reason: str) -> None:
+    def __init__(self, remote: str, ref: str, reason: str, *, hint: str | None = None) -> None:
         self.remote = remote = shown_remote(remote)
         self.ref = ref
         self.reason = reason
         super().__init__(
             f"the fleetclaims ref {ref} on git remote {remote!r} was rewritten: {reason}; "
             "nothing was changed here.",
-            hint="Find out who rewrote it (the remote's reflog); the local registry keeps "
-            "everything. `fleetclaims sync --accept-rewritten` publishes again over it.")
+            hint=hint or "Find out who rewrote it (the remote's reflog); the local registry "
+            "keeps everything. `fleetclaims sync --accept-rewritten` publishes again over it.")
 
 
 class GitFailed(FleetclaimsError):

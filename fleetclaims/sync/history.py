@@ -33,6 +33,7 @@ import orjson
 from ..core.chain import check_seal
 from ..core.errors import (
     AuditCorrupt,
+    GitFailed,
     RegistryBusy,
     RegistryCorrupt,
     RemoteRewritten,
@@ -68,6 +69,7 @@ class SyncReport:
     seen: dict[str, str] = field(default_factory=dict)
     restored: int = 0  # journal lines taken back from the remote into an emptied registry
     path_conflicts: tuple[PathConflict, ...] = ()  # reservations granted apart, settled
+    skipped: tuple[str, ...] = ()  # "ref: why" of refs holding no history (--accept-rewritten)
 
     def to_dict(self) -> dict[str, Any]:
         return {"remote": shown_remote(self.remote), "origin": self.origin,
@@ -76,7 +78,8 @@ class SyncReport:
                 "conflicts": [c.to_dict() for c in self.conflicts],
                 "published": self.published, "registries": dict(sorted(self.seen.items())),
                 "restored": self.restored,
-                "path_conflicts": [c.to_dict() for c in self.path_conflicts]}
+                "path_conflicts": [c.to_dict() for c in self.path_conflicts],
+                "skipped": list(self.skipped)}
 
 
 class _Side:
@@ -174,6 +177,7 @@ def _sync(reg: Registry, git: Git, remote: str, actor: str,
     changed: set[str] = set()
     conflicts: list[Conflict] = []
     path_conflicts: list[PathConflict] = []
+    skipped: dict[str, str] = {}  # refs that hold no history to merge (--accept-rewritten)
     imported = restored = 0
     for _attempt in range(_ATTEMPTS):
         incoming = side.fetch()
@@ -184,9 +188,16 @@ def _sync(reg: Registry, git: Git, remote: str, actor: str,
         if not accept_rewritten:
             _check_extends(git, remote, seen, incoming)
         # Every new history is verified before any is merged: a bad one changes nothing here.
-        theirs = [(origin, _registry_of(reg, git, remote, origin, sha))
-                  for origin, sha in sorted(incoming.items())
-                  if origin != our_origin and seen.get(origin) != sha]
+        theirs = []
+        for origin, sha in sorted(incoming.items()):
+            if origin == our_origin or seen.get(origin) == sha:
+                continue
+            try:
+                theirs.append((origin, _registry_of(reg, git, remote, origin, sha)))
+            except RemoteRewritten as exc:
+                if not accept_rewritten:
+                    raise
+                skipped[origin] = f"{exc.ref}: {exc.reason}"  # (accepted: named, not merged)
         for origin, source in theirs:
             plan = reg.merge(source, actor=actor)
             merged.append(origin)
@@ -202,7 +213,8 @@ def _sync(reg: Registry, git: Git, remote: str, actor: str,
             continue  # another sync of this registry moved our ref meanwhile: fetch again
         state = reg.store.read()
         _refence_leases(reg, remote, state, changed)
-        now_seen = {o: s for o, s in incoming.items() if o != state.origin}
+        now_seen = {o: s for o, s in incoming.items()
+                    if o != state.origin and o not in skipped}
         if published or state.origin in incoming:
             now_seen[state.origin] = published or incoming[state.origin]
         ns = side.seen_ns(state.origin)
@@ -212,7 +224,7 @@ def _sync(reg: Registry, git: Git, remote: str, actor: str,
                          **{ns + o: s for o, s in now_seen.items()}, **home})
         return SyncReport(remote, state.origin, tuple(merged), imported, tuple(sorted(changed)),
                           tuple(conflicts), published, now_seen, restored,
-                          tuple(path_conflicts))
+                          tuple(path_conflicts), tuple(sorted(skipped.values())))
     raise RemoteRewritten(remote, JOURNAL_NS + reg.store.read().origin,
                           f"it kept moving under {_ATTEMPTS} attempts to publish")
 
@@ -333,21 +345,31 @@ def _verified_lines(git: Git, remote: str, origin: str, sha: str) -> list[bytes]
     from ..store.file.journal import parse_line
 
     ref = JOURNAL_NS + origin
-    lines = _lines(git, sha)
+    try:
+        lines = _lines(git, sha)
+    except GitFailed as exc:  # (a blob or a tag where a journal commit belongs)
+        raise RemoteRewritten(remote, ref, f"it holds no fleetclaims journal ({exc.reason})",
+                              hint=_NOT_OURS) from None
     prev, offset, found = GENESIS, 0, ""
     for number, line in enumerate(lines, 1):
         try:
             event = parse_line(line, seq=number, prev=prev, offset=offset, path=ref)
         except AuditCorrupt as exc:
-            raise RemoteRewritten(remote, ref, f"its history does not verify: {exc.message}"
-                                  ) from None
+            raise RemoteRewritten(remote, ref, f"its history does not verify: {exc.message}",
+                                  hint=_NOT_OURS) from None
         if event.get("type") == "registry_created" and not found:
             found = str(event.get("origin", ""))
         prev, offset = event["hash"], offset + len(line) + 1
     if found != origin:
         raise RemoteRewritten(remote, ref, f"it holds the history of registry {found!r}, "
-                              f"not {origin!r}")
+                              f"not {origin!r}", hint=_NOT_OURS)
     return lines
+
+
+_NOT_OURS = (
+    "Nothing was merged or published. If no clone's registry is published there (a ref pushed "
+    "by mistake), remove it from the remote (`git push REMOTE :REF`); `fleetclaims sync "
+    "--accept-rewritten` goes on without merging it, and names it.")
 
 
 def _our_lines(reg: Registry) -> list[bytes]:

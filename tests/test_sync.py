@@ -412,3 +412,42 @@ def test_a_ref_that_holds_no_journal_is_refused_and_can_be_passed_over(
     report = ra.sync("origin", accept_rewritten=True)
     assert report.skipped and report.skipped[0].startswith(ref)
     assert _owner(ra, "tb") == "bob"
+
+
+def test_an_edited_copy_of_this_registrys_own_ref_is_noticed_and_healed(
+        tmp_path: Path) -> None:
+    """Someone pushes onto B's own ref a commit whose journal has an edited line but the same
+    meta.json: the other clones refuse it; B, whose history it is, says so too (it said
+    nothing new to publish, forever), and `--accept-rewritten` publishes B's journal again, so
+    the others sync once more."""
+    bare, (a, b) = remote_with_clones(tmp_path, 2)
+    ra, rb = Registry(registry_dir(a)), Registry(registry_dir(b))
+    rb.claim("tb", owner="bob")
+    rb.sync("origin")
+    ra.sync("origin")
+    rb.sync("origin")
+    ref = JOURNAL_NS + rb.store.read().origin
+    tip = git("rev-parse", ref, cwd=bare)
+    chunk = git("show", f"{tip}:journal-00000000.jsonl", cwd=bare) + "\n"
+    meta = git("show", f"{tip}:meta.json", cwd=bare) + "\n"
+
+    def blob(text: str) -> str:
+        return subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=bare,
+                              input=text.encode(), capture_output=True,
+                              check=True).stdout.decode().strip()
+
+    tree = subprocess.run(
+        ["git", "mktree"], cwd=bare, capture_output=True, check=True,
+        input=(f"100644 blob {blob(chunk.replace('bob', 'eve'))}\tjournal-00000000.jsonl\n"
+               f"100644 blob {blob(meta)}\tmeta.json\n").encode()).stdout.decode().strip()
+    git("update-ref", ref, git("commit-tree", tree, "-p", tip, "-m", "tampered", cwd=bare),
+        cwd=bare)
+    with pytest.raises(RemoteRewritten):
+        ra.sync("origin")
+    with pytest.raises(RemoteRewritten, match="changed on the remote"):
+        rb.sync("origin")
+    healed = rb.sync("origin", accept_rewritten=True)
+    assert healed.published
+    ra.sync("origin")  # verifies B's journal again: nothing rewritten since A saw B's
+    assert _owner(ra, "tb") == "bob"
+    assert rb.sync("origin").published is None

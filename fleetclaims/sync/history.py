@@ -208,7 +208,7 @@ def _sync(reg: Registry, git: Git, remote: str, actor: str,
         # Accepting a rewrite, our commit also descends from what we published before, so the
         # clones that saw that still find their commit in the ref's history.
         heal = seen.get(our_origin) if accept_rewritten else None
-        published, ok = _publish(reg, git, remote, incoming, heal)
+        published, ok = _publish(reg, git, remote, incoming, heal, seen.get(our_origin))
         if not ok:
             continue  # another sync of this registry moved our ref meanwhile: fetch again
         state = reg.store.read()
@@ -390,6 +390,17 @@ def _our_lines(reg: Registry) -> list[bytes]:
     return lines
 
 
+def _altered(lines: list[bytes], tree: dict[str, str]) -> bool:
+    """Whether a published tree's journal chunks differ from ``lines`` (by blob name)."""
+    names = {n for n in tree if n.startswith("journal-") and n.endswith(".jsonl")}
+    for i in range(0, len(lines), CHUNK):
+        name = f"journal-{i // CHUNK:08d}.jsonl"
+        names.discard(name)
+        if tree.get(name) != _blob_sha(b"\n".join(lines[i:i + CHUNK]) + b"\n"):
+            return True
+    return bool(names)
+
+
 def _blob_sha(data: bytes) -> str:
     # The name git gives a blob (SHA-1 repositories): lets us skip writing chunks the
     # previous commit holds already. A SHA-256 repository never matches and writes them all.
@@ -397,9 +408,10 @@ def _blob_sha(data: bytes) -> str:
 
 
 def _publish(reg: Registry, git: Git, remote: str, incoming: dict[str, str],
-             heal: str | None = None) -> tuple[str | None, bool]:
+             heal: str | None = None, last: str | None = None) -> tuple[str | None, bool]:
     """Push this registry's journal when the remote's copy is behind: (commit or None when
-    nothing was new, False when the compare-and-swap lost)."""
+    nothing was new, False when the compare-and-swap lost). ``last``: the commit of our ref
+    this clone published or saw last."""
     state = reg.store.read()
     if not state.origin or state.seq == 0:
         return None, True
@@ -408,12 +420,26 @@ def _publish(reg: Registry, git: Git, remote: str, incoming: dict[str, str],
     heal = heal if heal and heal != parent and git.has(heal) else None
     old: dict[str, str] = {}
     meta: dict[str, Any] = {}
+    lines: list[bytes] | None = None
     if parent is not None and heal is None:
         meta = _meta(git, parent)
-        if meta.get("seq") == state.seq and meta.get("head") == state.head:
-            return None, True
         old = git.ls_tree(parent)
-    lines = _our_lines(reg)
+        if meta.get("seq") == state.seq and meta.get("head") == state.head:
+            if parent == last:
+                return None, True
+            # Our ref moved without us, to the head we have: its lines must be ours too (a
+            # commit pushed there with an edited line and the same meta.json stopped every
+            # other clone while this one saw nothing new).
+            lines = _our_lines(reg)
+            if not _altered(lines, old):
+                return None, True
+            raise RemoteRewritten(
+                remote, ref, f"commit {parent[:12]} on it holds lines this journal does not "
+                "have under the same head (changed on the remote)", hint=(
+                    "This registry's journal here is whole; `fleetclaims sync "
+                    "--accept-rewritten` publishes it again over the changed copy. Find out "
+                    "who pushed it (the remote's reflog)."))
+    lines = _our_lines(reg) if lines is None else lines
     theirs = _int(meta.get("seq"))
     if theirs and (theirs > len(lines) or _hash_of(lines[theirs - 1]) != meta.get("head")):
         # The remote holds a history of this registry that ours does not extend: another copy

@@ -135,3 +135,18 @@ def test_claim_next_names_the_path_conflict_that_stopped_it(tmp_path: Path) -> N
         reg.claim_next(owner="a", paths=["src/x"])
     assert info.value.holder == "z"
     assert reg.claim_next(owner="a", paths=["docs"]).task == "q1"  # type: ignore[union-attr]
+
+
+def test_unreserving_a_pattern_the_claim_does_not_hold_is_refused(registry: Registry) -> None:
+    """A typo in unreserve (a pattern the claim does not reserve) is a ValidationError naming
+    what it does reserve, and changes nothing (it said "unreserved" with exit 0 while the
+    reservation stayed)."""
+    a = registry.claim("a", owner="alice", paths=["src/parser"], shared_paths=["docs"])
+    assert a.token is not None
+    before = registry.events(limit=10_000).events
+    with pytest.raises(ValidationError, match="does not reserve src/parsr.*src/parser, docs"):
+        registry.unreserve("a", token=a.token, paths=["src/parsr", "docs"])
+    kept = registry.get("a")
+    assert kept is not None and (kept.paths, kept.shared_paths) == (("src/parser",), ("docs",))
+    assert registry.events(limit=10_000).events == before
+    assert registry.unreserve("a", token=a.token, paths=["docs"]).shared_paths == ()

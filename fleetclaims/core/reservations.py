@@ -52,8 +52,15 @@ def decide_unreserve(state: State, task: str, token_hash: str, patterns: Sequenc
     current, refused = holder_check(state, task, token_hash, now)
     if current is None:
         return refused
-    drop = set(current.paths) | set(current.shared_paths) if patterns is None else set(patterns)
-    changed = [p for p in (*current.paths, *current.shared_paths) if p in drop]
+    held = (*current.paths, *current.shared_paths)
+    drop = set(held) if patterns is None else set(patterns)
+    missing = sorted(drop - set(held))
+    if missing:  # (a typo must not read as done while the reservation stays)
+        return Decision(error=ValidationError(
+            "paths", f"{task} does not reserve {', '.join(missing)} (it reserves "
+            f"{', '.join(held) or 'nothing'}): nothing was unreserved; give the patterns as "
+            "the claim shows them", value=missing[0]))
+    changed = [p for p in held if p in drop]
     if not changed:
         return Decision(result=current)
     return Decision(({**_holder(current, actor), "type": ev.PATHS_RELEASED,

@@ -144,7 +144,7 @@ def test_unreserving_a_pattern_the_claim_does_not_hold_is_refused(registry: Regi
     a = registry.claim("a", owner="alice", paths=["src/parser"], shared_paths=["docs"])
     assert a.token is not None
     before = registry.events(limit=10_000).events
-    with pytest.raises(ValidationError, match="does not reserve src/parsr.*src/parser, docs"):
+    with pytest.raises(ValidationError, match=r"does not reserve src/parsr.*src/parser, docs"):
         registry.unreserve("a", token=a.token, paths=["src/parsr", "docs"])
     kept = registry.get("a")
     assert kept is not None and (kept.paths, kept.shared_paths) == (("src/parser",), ("docs",))

@@ -258,3 +258,12 @@ def test_a_name_in_nfc_and_in_nfd_is_one_name() -> None:
     nfc, nfd = normalise("docs/caf\u00e9"), normalise("docs/cafe\u0301")
     assert overlap(nfc, nfd)
     assert covers(nfc, "docs/cafe\u0301/notes.md") and covers(nfd, "docs/caf\u00e9")
+
+
+@pytest.mark.parametrize("pattern", ["\u202e", "src/\u202egnp.exe", "docs/\u2066x", "src/\udc80x"])
+def test_bidi_overrides_and_lone_surrogates_are_refused_naming_paths(pattern: str) -> None:
+    """A pattern of bidi overrides was accepted and the guard printed it raw; a lone surrogate
+    failed later as "invalid event: cannot be stored as JSON" without naming paths."""
+    with pytest.raises(ValidationError) as info:
+        normalise(pattern)
+    assert info.value.field == "paths"

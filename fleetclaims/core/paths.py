@@ -40,6 +40,7 @@ from functools import lru_cache
 from typing import Final
 
 from .errors import ValidationError
+from .validate import SURROGATE_REASON
 
 MAX_PATTERN: Final = 512  # characters of one pattern
 MAX_SEGMENT: Final = 255  # characters of one segment (a file name's usual limit)
@@ -47,6 +48,7 @@ MAX_SEGMENTS: Final = 64
 MAX_WILDCARDS: Final = 16  # ``*`` and ``?`` in one pattern
 MAX_PATTERNS: Final = 256  # patterns on one claim
 ANY: Final = "**"
+_BIDI = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 _REFUSED = {"\\": "a backslash (escapes and Windows separators are not supported)",
             "[": "a character class (not supported)", "]": "a character class (not supported)"}
 
@@ -65,6 +67,11 @@ def normalise(pattern: object, field_name: str = "paths") -> str:
                                   value=pattern)
         if char in _REFUSED:
             raise ValidationError(field_name, f"{_REFUSED[char]} in pattern", value=pattern)
+        if char in _BIDI:  # (shown, the pattern would read as something else: Trojan Source)
+            raise ValidationError(field_name, "a pattern may not hold bidirectional-override "
+                                  "or isolate characters", value=pattern)
+        if "\ud800" <= char <= "\udfff":
+            raise ValidationError(field_name, f"a pattern {SURROGATE_REASON}", value=pattern)
     if pattern.startswith("/"):
         raise ValidationError(field_name, "patterns are relative to the repository root, "
                               "not absolute", value=pattern)

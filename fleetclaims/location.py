@@ -25,6 +25,15 @@ def resolve(path: str | os.PathLike[str] | None = None, cwd: Path | None = None)
             raise ValidationError("FLEETCLAIMS_URL", "is not a postgresql:// URL (the form is "
                                   "postgresql://user@host:port/database; for a directory set "
                                   "FLEETCLAIMS_DIR instead)")  # (no echo: it may hold a password)
+        from urllib.parse import urlsplit
+
+        try:
+            urlsplit(url.strip()).port  # noqa: B018  (a malformed port or host raises)
+        except ValueError as exc:
+            from .core.errors import ValidationError
+
+            raise ValidationError("FLEETCLAIMS_URL", f"is not a valid PostgreSQL URL ({exc}); "
+                                  "the form is postgresql://user@host:port/database") from None
         return _absolute(url, "FLEETCLAIMS_URL")
     env_dir = os.environ.get("FLEETCLAIMS_DIR")
     if env_dir:
@@ -62,7 +71,7 @@ def _absolute(text: str, field: str) -> str:
         raise ValidationError(field, "contains a NUL character", value=text)
     if any("\ud800" <= ch <= "\udfff" for ch in text):
         raise ValidationError(field, SURROGATE_REASON, value=text)
-    _check_scheme(text)
+    _check_scheme(text, field)
     if is_url(text):
         return text
     try:
@@ -71,7 +80,7 @@ def _absolute(text: str, field: str) -> str:
         raise ValidationError(field, f"cannot be expanded ({exc})", value=text) from None
 
 
-def _check_scheme(text: str) -> None:
+def _check_scheme(text: str, field: str = "registry location") -> None:
     """A URL of a scheme we do not serve is a mistake, not a directory name to create; so is
     a mistyped PostgreSQL URL ("postgresql:/host/db"): a local registry made of it would let
     two machines each hold the same task."""
@@ -80,11 +89,11 @@ def _check_scheme(text: str) -> None:
     scheme, sep, _ = text.partition("://")
     if sep and scheme.isalnum() and not is_url(text):
         raise ValidationError(
-            "registry location", f"{scheme}:// is not supported; use a directory or a "
+            field, f"{scheme}:// is not supported; use a directory or a "
             "postgresql:// URL")  # (no echo: a URL may hold a password)
     if not is_url(text) and text.lower().startswith(("postgresql:", "postgres:")):
         raise ValidationError(
-            "registry location", "looks like a mistyped PostgreSQL URL; the form is "
+            field, "looks like a mistyped PostgreSQL URL; the form is "
             "postgresql://user@host:port/database (a directory of that name: write ./ before "
             "it)")
 

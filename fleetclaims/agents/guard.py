@@ -68,12 +68,33 @@ def claim_env(env: Mapping[str, str]) -> ClaimEnv | GuardResult | None:
         fence = int(fence_text)
     except ValueError:
         fence = -1
-    if fence < 1:
+    bad_task = _bad_task(task)
+    if bad_task:
+        return GuardResult(False, None, code="invalid",
+                           reason=f"FLEETCLAIMS_TASK is not a task id: {bad_task}",
+                           next_action="Export the task as claim printed it (or use fleetclaims "
+                           "run, which exports it).")
+    if fence < 1 or fence > FENCE_MAX:
         return GuardResult(False, task, code="invalid",
                            reason=f"FLEETCLAIMS_FENCE is not a positive integer: {fence_text!r}",
                            next_action="Export the fence printed by claim (or use fleetclaims "
                            "run, which exports it).")
     return ClaimEnv(task, token, fence)
+
+
+FENCE_MAX = 2**63 - 1  # (fences are 64-bit everywhere: JSON readers, PostgreSQL bigint)
+
+
+def _bad_task(task: str) -> str | None:
+    """Why ``task`` (from the environment) is not a task id, or None."""
+    from ..core import validate
+    from ..core.errors import ValidationError
+
+    try:
+        validate.task(task)
+    except ValidationError as exc:
+        return exc.reason
+    return None
 
 
 def check(reg: Registry, claim: ClaimEnv) -> GuardResult:

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Mapping
 from shlex import quote
 from typing import TYPE_CHECKING
 
-from ..core import reserve, rules
-from ..core.errors import FleetclaimsError, GitFailed
+from ..core import reserve, rules, validate
+from ..core.errors import FleetclaimsError, GitFailed, ValidationError
 from ..core.model import ACTIVE
 from .guard import GuardResult
 
@@ -100,6 +100,15 @@ def check(reg: Registry, paths: Iterable[str], env: Mapping[str, str], *,
     first one none of the committer's claims reserved), as a refusal; else ok."""
     my_task = env.get("FLEETCLAIMS_TASK") or None
     my_owner = env.get("FLEETCLAIMS_OWNER") or None
+    for name, value, checker in (("FLEETCLAIMS_TASK", my_task, validate.task),
+                                 ("FLEETCLAIMS_OWNER", my_owner, validate.owner)):
+        try:
+            if value is not None:
+                checker(value)
+        except ValidationError as exc:  # (fail closed, and never print the bad bytes)
+            return GuardResult(False, None, code="invalid",
+                               reason=f"{name} is not valid: {exc.reason}",
+                               next_action=f"Fix or unset {name}.")
     state = reg.store.read()
     now = reg._now()
     index = reserve.index(state)

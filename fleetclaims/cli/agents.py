@@ -82,7 +82,10 @@ def add_parsers(add: AddParser) -> None:
 
 
 def _owner(args: argparse.Namespace, required: bool) -> str | None:
-    owner = args.owner or os.environ.get("FLEETCLAIMS_OWNER") or None
+    from ..core import validate
+    from .who import env_owner
+
+    owner = validate.owner(args.owner) if args.owner is not None else env_owner()
     if owner is None and required:
         raise ValidationError("owner", "is required: pass --owner NAME or set FLEETCLAIMS_OWNER")
     return owner

@@ -180,7 +180,10 @@ def reader(args: argparse.Namespace, **extra: Any) -> Registry:
 
 
 def token(args: argparse.Namespace) -> str:
-    tok = args.token or os.environ.get("FLEETCLAIMS_TOKEN")
+    from ..core import validate
+    from .who import from_env
+
+    tok = args.token or from_env("FLEETCLAIMS_TOKEN", validate.token)
     if not tok:
         raise ValidationError("token", "is required: pass --token or set FLEETCLAIMS_TOKEN")
     return str(tok)

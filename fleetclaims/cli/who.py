@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 
 from .args import dur
 
@@ -15,11 +16,34 @@ def owner_option(p: argparse.ArgumentParser) -> None:
                    help="who claims it, e.g. agent-a (default: $FLEETCLAIMS_OWNER)")
 
 
+def from_env(name: str, check: Callable[[str], str] | None = None) -> str | None:
+    """The value of environment variable ``name`` (None: unset or empty), checked by
+    ``check`` (a validator of fleetclaims.core.validate): a bad value is refused naming the
+    variable, since there is no argument to fix."""
+    from ..core.errors import ValidationError
+
+    value = os.environ.get(name) or None
+    if value is None or check is None:
+        return value
+    try:
+        return check(value)
+    except ValidationError as exc:
+        raise ValidationError(name, f"{exc.reason} (a value from the environment: fix or unset "
+                              f"{name})", value=value) from None
+
+
+def env_owner() -> str | None:
+    """``$FLEETCLAIMS_OWNER``, checked as an owner name."""
+    from ..core import validate
+
+    return from_env("FLEETCLAIMS_OWNER", validate.owner)
+
+
 def owner_of(args: argparse.Namespace) -> str:
     """``--owner``, else ``$FLEETCLAIMS_OWNER``; refused (usage) when neither is set."""
     from ..core.errors import ValidationError
 
-    owner = args.owner or os.environ.get("FLEETCLAIMS_OWNER") or None
+    owner = args.owner or env_owner()
     if owner is None:
         raise ValidationError("owner", "is required: pass --owner NAME or set FLEETCLAIMS_OWNER")
     return str(owner)
@@ -29,13 +53,20 @@ def actor_of(args: argparse.Namespace, default: str = "operator") -> str:
     """Who a change is recorded as (its events' ``actor``): ``--actor`` where the command has
     it, else ``$FLEETCLAIMS_OWNER`` (every command honours it), else ``default``."""
     given = getattr(args, "actor", None)
-    return str(given or os.environ.get("FLEETCLAIMS_OWNER") or default)
+    return str(given or env_owner() or default)
 
 
 def operator_default() -> str:
     """The actor of an operator's command (``release --force``, ``reopen``) when neither
-    ``--actor`` nor ``$FLEETCLAIMS_OWNER`` names one: the login name, else "operator"."""
-    return os.environ.get("USER") or "operator"
+    ``--actor`` nor ``$FLEETCLAIMS_OWNER`` names one: the login name when it is a valid
+    owner name, else "operator" (a login name is not the user's to fix for this)."""
+    from ..core import validate
+    from ..core.errors import ValidationError
+
+    try:
+        return from_env("USER", validate.owner) or "operator"
+    except ValidationError:
+        return "operator"
 
 
 WAIT_MAX = 7 * 86400.0  # --wait without a duration: a week (_wait.WAIT_MAX, the longest)

@@ -266,8 +266,10 @@ def parse_location(url: str, schema: str | None = None) -> tuple[str, str, str]:
         DEFAULT_SCHEMA
     )
     if not _SCHEMA_RE.match(chosen):
+        field = ("schema" if schema else "schema (the URL's ?schema=)" if from_url
+                 else f"{SCHEMA_ENV} (from the environment)")
         raise ValidationError(
-            "schema", "must be 1-63 characters of a-z, 0-9 and _, not starting with a digit",
+            field, "must be 1-63 characters of a-z, 0-9 and _, not starting with a digit",
             value=chosen,
         )
     # (not urlunsplit: it drops the "//" of a URL without a host, the Unix-socket form

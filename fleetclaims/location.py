@@ -75,9 +75,15 @@ def _absolute(text: str, field: str) -> str:
     if is_url(text):
         return text
     try:
-        return str(Path(text).expanduser().absolute())
+        absolute = Path(text).expanduser().absolute()
     except RuntimeError as exc:  # "~nosuchuser/x": no such user's home directory
         raise ValidationError(field, f"cannot be expanded ({exc})", value=text) from None
+    try:
+        absolute.resolve()
+    except (RuntimeError, OSError):  # a loop (RuntimeError before Python 3.13)
+        raise ValidationError(field, "is a symbolic link loop (it leads nowhere): name the "
+                              "directory itself", value=text) from None
+    return str(absolute)
 
 
 def _check_scheme(text: str, field: str = "registry location") -> None:

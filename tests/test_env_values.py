@@ -76,3 +76,48 @@ def test_an_unusable_login_name_is_not_the_operators_problem(reg: Path) -> None:
     events = [json.loads(x) for x in (reg / "audit.jsonl").read_bytes().rstrip(b"\0")
               .splitlines()]
     assert events[-1]["actor"] == "operator"
+
+
+def _bare_env(**extra: str) -> dict[str, str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("FLEETCLAIMS_")}
+    return {**full, "FLEETCLAIMS_ANCHOR_DIR": os.environ.get("FLEETCLAIMS_ANCHOR_DIR", ""),
+            **extra}
+
+
+@pytest.mark.parametrize("where", ["claims.json", "claims.json/sub"])
+def test_a_registry_path_from_the_environment_that_no_write_could_make_is_refused(
+        reg: Path, where: str) -> None:
+    """FLEETCLAIMS_DIR naming a file (the registry's claims.json: a natural slip), or a path
+    under one, read as an empty registry (exit 0, "t1 has never been claimed" while t1 was
+    held); it is refused as --dir is (RegistryNotFound, exit 2). The first run (nothing there
+    yet, under a directory) still reads as empty."""
+    import subprocess
+    import sys
+
+    for args in (["claims", "--json"], ["get", "t1"]):
+        done = subprocess.run([sys.executable, "-m", "fleetclaims", *args], capture_output=True,
+                              text=True, env=_bare_env(FLEETCLAIMS_DIR=str(reg / where)),
+                              check=False)
+        assert done.returncode == 2 and "no registry at" in done.stderr, done
+    fresh = reg.parent / "not-yet"
+    done = subprocess.run([sys.executable, "-m", "fleetclaims", "claims", "--json"],
+                          capture_output=True, text=True,
+                          env=_bare_env(FLEETCLAIMS_DIR=str(fresh)), check=False)
+    assert done.returncode == 0 and json.loads(done.stdout) == [] and not fresh.exists()
+
+
+def test_a_symbolic_link_loop_is_a_typed_refusal(tmp_path: Path) -> None:
+    """--dir (or FLEETCLAIMS_DIR, or Registry(path)) naming a symlink loop: a ValidationError
+    naming it, exit 2 (a write was an internal error, exit 70; MCP answered "internal")."""
+    from fleetclaims import Registry, ValidationError
+
+    (tmp_path / "l2").symlink_to("l1")
+    (tmp_path / "l1").symlink_to("l2")
+    loop = tmp_path / "l1"
+    for args in (["claim", "t1", "--owner", "a"], ["add", "q1"], ["claims"]):
+        done = cli(loop, "--dir", str(loop), "--json", *args)
+        assert done.returncode == 2 and "symbolic link loop" in done.stderr, done
+        assert json.loads(done.stdout)["error"] == "invalid"
+    with pytest.raises(ValidationError, match="symbolic link loop"):
+        Registry(loop).claim("t1", owner="a")
+    assert sorted(os.listdir(tmp_path)) == ["l1", "l2"]

@@ -156,6 +156,19 @@ def _unmade(location: str) -> bool:
     return not names - {".gitignore"}
 
 
+def _first_run(location: str) -> bool:
+    """Whether nothing is at ``location`` yet and a first write could make a registry there:
+    it does not exist (not even as a dangling link) and its nearest existing ancestor is a
+    directory."""
+    path = os.path.abspath(location)
+    if os.path.lexists(path):
+        return False
+    parent = os.path.dirname(path)
+    while parent and not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    return os.path.isdir(parent)
+
+
 def reader(args: argparse.Namespace, **extra: Any) -> Registry:
     """A Registry for a command that only reads, which never creates one. A registry named
     by hand (--dir) must exist: a typo is refused (RegistryNotFound). One that comes from the
@@ -168,6 +181,8 @@ def reader(args: argparse.Namespace, **extra: Any) -> Registry:
     location = resolve(None)  # FLEETCLAIMS_URL, FLEETCLAIMS_DIR, git repository, user state
     if is_url(location) or os.path.isdir(location):
         return registry(args, **extra)
+    if not _first_run(location):  # (a file, or under one: no write could ever make it)
+        return registry(args, create=False, **extra)
     from pathlib import Path
 
     from ..api import Registry

@@ -58,6 +58,28 @@ def test_reads_work_on_a_read_only_registry(tmp_path: Path,
         reg.claim("t9", owner="z")
 
 
+def test_a_write_on_a_read_only_mount_says_so_and_reads_go_on(
+        tmp_path: Path, read_only_mount: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """The write is AccessDenied saying the registry can only be read here (it was a
+    DurabilityError "Bad file descriptor ... fix the cause (disk space, permissions,
+    hardware)"); nothing was written, and the same handle reads on."""
+    from fleetclaims import AccessDenied
+    from fleetclaims.cli import main
+
+    d = tmp_path / "r"
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(faults.osc, "open", os.open)
+        _registry(d)
+    before = (d / "audit.jsonl").read_bytes()
+    reg = Registry(d)
+    with pytest.raises(AccessDenied, match="can only be read here"):
+        reg.claim("t9", owner="z")
+    assert reg.get("t1") is not None and len(reg.claims()) == 2
+    assert (d / "audit.jsonl").read_bytes() == before
+    assert main(["--dir", str(d), "--json", "claim", "t9", "--owner", "z"]) == 1
+    assert '"access_denied"' in capsys.readouterr().out
+
+
 def _tree(*dirs: Path) -> dict[str, tuple[bytes, int, int]]:
     """Every file under ``dirs``: bytes, mtime (ns) and mode, to show nothing was written."""
     return {str(p): (p.read_bytes(), p.stat().st_mtime_ns, p.stat().st_mode)

@@ -292,3 +292,24 @@ def _quarantine_chunks(
     if sync:
         fsync_dir(qdir)
     return target
+
+
+def refuse_read_only(fd: int, where: str, exc: OSError) -> None:
+    """Raise AccessDenied when a write to ``fd`` failed because it was opened read-only: the
+    registry was opened for reading on a read-only mount or with files this user may not
+    write (a write there said "Bad file descriptor" and blamed the disk)."""
+    import fcntl
+
+    from ...core.errors import AccessDenied
+
+    if exc.errno != errno.EBADF:
+        return
+    try:
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+    except OSError:
+        return
+    if mode == os.O_RDONLY:
+        raise AccessDenied(where, "this registry can only be read here (a read-only mount, or "
+                           "files this user may not write)", hint=(
+                               "Write from a user that owns the registry's files, or remount "
+                               "it read-write; reads work as they are.")) from None

@@ -352,10 +352,10 @@ class FileStore(History):
 
     def _fail_append(self, exc: OSError, start: int) -> None:
         """Undo a write that was not made durable, then refuse further writes from this handle.
-
         After a failed fsync the page cache cannot be trusted to hold what we wrote, so we do not
-        retry: we cut the journal back to the last acknowledged byte and stop.
-        """
+        retry: we cut the journal back to the last acknowledged byte and stop. (A journal this
+        process may only read was written nothing: AccessDenied, the handle reads on.)"""
+        fsutil.refuse_read_only(self._fd, self.location, exc)
         what = "appending to the journal"
         try:
             cut_back(self._fd, self._lock, start, sync=self.sync)

@@ -121,3 +121,24 @@ def test_a_symbolic_link_loop_is_a_typed_refusal(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="symbolic link loop"):
         Registry(loop).claim("t1", owner="a")
     assert sorted(os.listdir(tmp_path)) == ["l1", "l2"]
+
+
+@pytest.mark.parametrize("args", [
+    ["complete", "t1", "--token", "a" * 24],
+    ["release", "t1", "--token", "a" * 24],
+    ["renew", "t1", "--token", "a" * 24],
+    ["reopen", "t1", "--reason", "typo"],
+    ["claim-next", "--owner", "a"],
+    ["unreserve", "t1", "src", "--token", "a" * 24],
+])
+def test_a_command_on_what_a_registry_records_creates_none(tmp_path: Path,
+                                                           args: list[str]) -> None:
+    """A mistyped --dir: a command that acts on an existing claim or task (refused, or with
+    nothing to do) leaves nothing there (it created the registry's files, and removing them
+    then read as lost history)."""
+    typo = tmp_path / "typo"
+    done = cli(typo, "--dir", str(typo), *args)
+    assert "Traceback" not in done.stderr
+    assert not typo.exists(), (done.returncode, done.stderr, os.listdir(typo))
+    # The path stays usable: a first claim there is a first run, not lost history.
+    assert cli(typo, "--dir", str(typo), "claim", "t1", "--owner", "a").returncode == 0

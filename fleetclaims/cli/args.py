@@ -145,6 +145,28 @@ def writer(args: argparse.Namespace, trial: Callable[[Registry], object]) -> Reg
     return registry(args)
 
 
+def existing(args: argparse.Namespace) -> Registry:
+    """A Registry for a command that acts on what a registry already records (renew, release,
+    complete, recover, hand-off, reopen, reservations, claim-next without waiting). Where no
+    registry was made yet, an empty one in memory answers (nobody holds anything there): a
+    refused or empty command leaves nothing behind (a mistyped --dir was left holding a new
+    registry's files)."""
+    from ..location import is_url, resolve
+
+    location = resolve(args.dir)
+    if is_url(location) or not _unmade(location):
+        return registry(args)
+    from pathlib import Path
+
+    from ..api import Registry
+    from ..store.file.anchor import check_vanished
+    from ..store.memory import MemoryStore
+    from ..system import SystemClock
+
+    check_vanished(Path(location))  # (a registry removed from here: HistoryLost, as ever)
+    return Registry(store=MemoryStore(clock=SystemClock(), location=location))
+
+
 def _unmade(location: str) -> bool:
     """Whether no registry lives at ``location`` and a write would make one there."""
     try:

@@ -8,7 +8,17 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..core.durations import iso, relative
-from .args import AddParser, Handler, dur, json_arg, reader, registry, token, token_option
+from .args import (
+    AddParser,
+    Handler,
+    dur,
+    existing,
+    json_arg,
+    reader,
+    registry,
+    token,
+    token_option,
+)
 from .output import (
     EXIT_OK,
     claim_doc,
@@ -184,7 +194,7 @@ def cmd_claim(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_renew(args: argparse.Namespace, out: Out) -> int:
-    reg = registry(args)
+    reg = existing(args)
     c = reg.renew(args.task, token=token(args), ttl=args.ttl, process=False,  # (see claim)
                   remote=remote_arg(args, reg))
     show_claim(out, c, "renewed")
@@ -192,7 +202,7 @@ def cmd_renew(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_release(args: argparse.Namespace, out: Out) -> int:
-    reg = registry(args)
+    reg = existing(args)
     if args.force:
         done = reg.release(args.task, force=True, reason=args.reason,
                            actor=actor_of(args, operator_default()))
@@ -207,7 +217,7 @@ def cmd_release(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_complete(args: argparse.Namespace, out: Out) -> int:
-    reg = registry(args)
+    reg = existing(args)
     c = reg.complete(args.task, token=token(args), remote=remote_arg(args, reg),
                      result=json_arg("result", args.result, plain_ok=True))
     show_claim(out, c.with_token(None), "completed")
@@ -217,7 +227,7 @@ def cmd_complete(args: argparse.Namespace, out: Out) -> int:
 def cmd_recover(args: argparse.Namespace, out: Out) -> int:
     # The CLI records an owner process only when told (--pid): this command exits at once, so
     # recording it would make the recovered claim "owner dead" a moment later.
-    c = registry(args).recover(args.task, owner=owner_of(args), reason=args.reason,
+    c = existing(args).recover(args.task, owner=owner_of(args), reason=args.reason,
                                ttl=args.ttl, note=args.note,
                                process=args.pid if args.pid is not None else False)
     show_claim(out, c, "recovered")
@@ -225,7 +235,7 @@ def cmd_recover(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_transition(args: argparse.Namespace, out: Out) -> int:
-    reg = registry(args)
+    reg = existing(args)
     c = reg.transition(args.task, token=token(args), phase=args.phase, ttl=args.ttl,
                        max_park=args.max_park, process=False, remote=remote_arg(args, reg))
     show_claim(out, c.with_token(None), "moved")
@@ -233,7 +243,7 @@ def cmd_transition(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_handoff(args: argparse.Namespace, out: Out) -> int:
-    reg = registry(args)
+    reg = existing(args)
     c = reg.handoff(args.task, token=token(args), to_owner=args.to_owner, note=args.note,
                     ttl=args.ttl, remote=remote_arg(args, reg))
     show_claim(out, c, "handed off")
@@ -241,7 +251,7 @@ def cmd_handoff(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_reopen(args: argparse.Namespace, out: Out) -> int:
-    c = registry(args).reopen(args.task, reason=args.reason,
+    c = existing(args).reopen(args.task, reason=args.reason,
                               actor=actor_of(args, operator_default()))
     if out.json:
         out.doc({"task": args.task, "reopened": c is not None})

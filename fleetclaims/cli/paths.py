@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from .args import AddParser, Handler, registry, token, token_option
+from .args import AddParser, Handler, existing, token, token_option
 from .output import EXIT_OK, show_claim
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def add_parsers(add: AddParser) -> None:
 
 
 def cmd_reserve(args: argparse.Namespace, out: Out) -> int:
-    c = registry(args).reserve(args.task, token=token(args), paths=args.patterns,
+    c = existing(args).reserve(args.task, token=token(args), paths=args.patterns,
                                shared_paths=args.shared)
     show_claim(out, c.with_token(None), "reserved")
     return EXIT_OK
@@ -60,7 +60,7 @@ def cmd_unreserve(args: argparse.Namespace, out: Out) -> int:
 
     if not args.patterns and not args.all:
         raise ValidationError("patterns", "name the patterns to drop, or pass --all")
-    c = registry(args).unreserve(args.task, token=token(args),
+    c = existing(args).unreserve(args.task, token=token(args),
                                  paths=None if args.all else args.patterns)
     show_claim(out, c.with_token(None), "unreserved")
     return EXIT_OK

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.durations import relative
 from ..core.errors import ValidationError
-from .args import AddParser, Handler, dur, reader, registry, writer
+from .args import AddParser, Handler, dur, existing, reader, registry, writer
 from .output import EXIT_OK, claim_doc, exit_code, listed_or_damaged, show_claim
 from .paths import paths_options
 from .who import actor_of, owner_of, owner_option, wait_option
@@ -241,7 +241,7 @@ def cmd_unblock(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_claim_next(args: argparse.Namespace, out: Out) -> int:
-    reg = registry(args)
+    reg = registry(args) if args.wait else existing(args)  # (a wait sees the registry made)
     c = reg.claim_next(owner=owner_of(args), labels=args.labels, ttl=args.ttl, note=args.note,
                        take_stale=args.take_stale,
                        process=args.pid if args.pid is not None else False, wait=args.wait,

@@ -59,6 +59,7 @@ class VerifyReport:
     offset: int | None = None
     anchor_ok: bool | None = None  # snapshot anchored in the journal (None: no snapshot)
     torn_tail: int = 0  # bytes of an incomplete last line (ignored by readers)
+    sealed: bool = False  # the damage is in sealed history: restored from a copy, not repaired
 
 
 Decide = Callable[[State, Now], Decision]

@@ -6,6 +6,7 @@ page) or through their index of a task's members (a task)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from collections.abc import Iterator
@@ -17,11 +18,13 @@ import orjson
 from ...core.chain import ChainError, check_seal
 from ...core.errors import ArchiveMismatch, AuditCorrupt, SegmentDamaged
 from ...core.model import GENESIS
-from . import archive, segments
+from ..base import VerifyReport
+from . import archive, seams, segments
 from .journal import line_before, seq_of
 from .reader import CHUNK, JournalReader, find_offset, iter_lines
+from .snapshot import Snapshot
 
-__all__ = ["archived_through", "events_after", "task_lines"]
+__all__ = ["archived_through", "events_after", "sealed_or_foreign", "task_lines"]
 
 
 def events_after(fd: int, path: str, after: int, end: int) -> Iterator[dict[str, Any]]:
@@ -29,6 +32,9 @@ def events_after(fd: int, path: str, after: int, end: int) -> Iterator[dict[str,
     has read and checked already); closes ``fd`` when done."""
     try:
         sealed = segments.sealed(Path(path).parent)
+        # (names only, no segment read: a page's reader checks the chain from its start on;
+        # a history whose sealed part is gone must not read as one that starts later)
+        seams.check(Path(path).parent, fd, end, links=False)
         if sealed and after < sealed[-1].last:  # from the sealed segments on
             reader = JournalReader(fd, path, end=end, from_anchor=True)
             # A page deep in the history starts at the member holding it (as a page of the
@@ -85,18 +91,6 @@ def archived_through(directory: Path) -> int:
     return 0 if found is None else found.seq
 
 
-def _no_gap(sealed: list[segments.Segment], directory: Path) -> None:
-    """SegmentDamaged when sealed segments are missing (after the archive's anchor, if any):
-    a task's history read without them would look shorter than it is."""
-    start = archived_through(directory) + 1 if sealed and sealed[0].first > 1 else 1
-    missing = segments.gap(sealed, start)
-    if missing is not None:
-        raise SegmentDamaged(str(directory / segments.DIRNAME), seq=missing[0], offset=0, reason=(
-            f"sealed segment(s) with seq {missing[0]}..{missing[1]} missing from "
-            f"{directory / segments.DIRNAME}: put the file back (from a backup or the archive "
-            "directory) and run `fleetclaims audit verify`"))
-
-
 def task_lines(fd: int, path: str, task: str, end: int) -> Iterator[dict[str, Any]]:
     """The events whose ``task`` is ``task``, and merges, among the lines before ``end``: large
     chunks of whole lines are searched for the bytes (no per-line Python work: ~0.3 s a 400 MB
@@ -106,11 +100,13 @@ def task_lines(fd: int, path: str, task: str, end: int) -> Iterator[dict[str, An
     size = CHUNK * 8
     try:
         sealed = segments.sealed(Path(path).parent)
-        _no_gap(sealed, Path(path).parent)
+        # The segments read here are read in part: that they and the journal form one chain
+        # is checked at their seams (a swapped, foreign, re-sealed or missing one).
+        seams.check(Path(path).parent, fd, end)
         for seg in sealed:  # through each one's index of the task's blocks
             try:
                 for _, line in segments.task_lines(seg, task):
-                    yield from _task_event(line, task, str(seg.path), 0)
+                    yield from _task_event(line, task, str(seg.path), 0, sealed=True)
             except segments.SegmentError as exc:
                 raise SegmentDamaged(str(seg.path), seq=exc.seq, offset=0,
                                      reason=exc.reason) from None
@@ -140,11 +136,39 @@ def task_lines(fd: int, path: str, task: str, end: int) -> Iterator[dict[str, An
         os.close(fd)
 
 
-def _task_event(line: bytes, task: str, path: str, offset: int) -> Iterator[dict[str, Any]]:
+def _task_event(line: bytes, task: str, path: str, offset: int, *,
+                sealed: bool = False) -> Iterator[dict[str, Any]]:
     try:
         check_seal(line)
         event = orjson.loads(line)
     except (ChainError, orjson.JSONDecodeError) as exc:
-        raise AuditCorrupt(path, seq=seq_of(line) or 0, offset=offset, reason=str(exc)) from None
+        # (a sealed line is restored from a backup, never shown as the verified part)
+        kind = SegmentDamaged if sealed else AuditCorrupt
+        reason = f"{Path(path).name}: {exc}" if sealed else str(exc)
+        raise kind(path, seq=seq_of(line) or 0, offset=offset, reason=reason) from None
     if event.get("task") == task or event.get("type") == "registries_merged":
         yield event
+
+
+def sealed_or_foreign(directory: Path, fd: int, report: VerifyReport,
+                      snapshot: Snapshot | None) -> VerifyReport:
+    """``audit verify``'s report, told apart: damage in the sealed history (a segment missing,
+    damaged, swapped, another registry's or re-sealed; where the journal's first line does not
+    follow the last segment) is restored from a copy, which ``sealed`` says (doctor --fix does
+    not rewrite it); a snapshot of another registry's origin is named as such."""
+    if not report.ok:
+        if report.seq is not None and segments.before_active(directory, report.seq):
+            return dataclasses.replace(report, sealed=True)
+        damage = seams.broken(directory, fd)  # (a break at the seam, or all segments gone)
+        if damage is not None:
+            reason = damage.reason.split(": ", 1)[-1]
+            return dataclasses.replace(report, error=reason, seq=damage.seq, offset=0,
+                                       sealed=True)
+        return report
+    theirs = snapshot.state.origin if snapshot is not None else ""
+    ours = seams.origin(directory, fd) if theirs else ""
+    if theirs and ours and theirs != ours:
+        return dataclasses.replace(report, anchor_ok=False, error=(
+            f"it belongs to registry {theirs}, not to this registry ({ours}, the journal's): "
+            "another registry's snapshot"))
+    return report

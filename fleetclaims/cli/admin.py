@@ -114,7 +114,9 @@ def cmd_doctor(args: argparse.Namespace, out: Out) -> int:
             out.line(f"[{mark}] {f.message}")
         if report.ok:
             out.line("registry is healthy" if not args.fix else "registry is healthy now")
-        elif not args.fix:
+        elif not args.fix and any(not f.fixed and f.severity == "error"
+                                  and f.kind != "segment_damaged" for f in report.findings):
+            # (sealed damage alone: its finding says what repairs it; --fix would not)
             out.line("run `fleetclaims doctor --fix` to repair (damaged data goes to quarantine/)")
     # The exit status is the command line's to decide (output.EXIT_CODES), from the report.
     return EXIT_OK if report.ok else EXIT_DAMAGED

@@ -404,6 +404,7 @@ def _audit_verify(args: argparse.Namespace, out: Out) -> int:
                  "head": report.head, "error": report.error, "seq": report.seq,
                  "offset": report.offset, "snapshot_anchored": report.anchor_ok,
                  "torn_tail_bytes": report.torn_tail, "seconds": round(elapsed, 3),
+                 "sealed": report.sealed,
                  "refused": refusal, "anchor": args.anchor,
                  "anchor_held": None if wanted is None else missing is None,
                  "anchor_problem": missing, "archive": archived})
@@ -448,9 +449,12 @@ def _print_verify(out: Out, report: VerifyReport, elapsed: float, *,
     else:
         out.line(out.paint("DAMAGED", "31;1") + f": first break at seq {report.seq}, byte "
                  f"offset {report.offset}: {report.error}")
-        if "segment" in (report.error or ""):  # (doctor --fix never rewrites sealed history)
-            out.line("a sealed segment is missing or damaged: put it back from a backup or the "
-                     "archive directory, then run `fleetclaims audit verify` again")
+        if report.sealed or "segment" in (report.error or ""):  # (doctor --fix never
+            # rewrites sealed history: its advice would be refused)
+            out.line("the sealed history (segments/) is missing or damaged: put the original "
+                     "segment back from a backup or the archive directory (`fleetclaims audit "
+                     "verify --with DIR` checks an archive), then run `fleetclaims audit verify` "
+                     "again; `doctor --fix` does not rewrite sealed history")
         elif database:
             out.line(_DB_FIX)
         else:

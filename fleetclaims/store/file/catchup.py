@@ -25,7 +25,7 @@ from ..base import VerifyReport
 from . import fsutil, rotation, segments
 from .journal import apply_checked, check_event
 from .lock import RegistryLock
-from .midway import archived_through, events_after, task_lines
+from .midway import archived_through, events_after, sealed_or_foreign, task_lines
 from .reader import CATCH_UP_CHUNK, JournalReader, snapshot_problem, verify_fd
 from .snapshot import Snapshot, read_snapshot
 
@@ -343,7 +343,8 @@ class CatchUp:
                                       exc) from exc
         try:
             snapshot, problem = read_snapshot(self.snapshot_path)
-            return verify_fd(fd, str(self.journal_path), progress=progress, snapshot=snapshot,
-                             snapshot_problem=problem)
+            report = verify_fd(fd, str(self.journal_path), progress=progress, snapshot=snapshot,
+                               snapshot_problem=problem)
+            return sealed_or_foreign(self.directory, fd, report, snapshot)
         finally:
             os.close(fd)

@@ -18,22 +18,29 @@ Repairs (``fix=True``) never delete data: whatever is replaced is first copied o
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...core.errors import FleetclaimsError, HistoryLost, RegistryCorrupt
+from ...core.errors import FleetclaimsError, HistoryLost, RegistryCorrupt, SegmentDamaged
 from ...core.ports import ClaimView
 from ...system import SystemClock, pid_exists
-from . import doctor_history, fsutil, reserialised, segments
+from . import anchor, doctor_history, fsutil, reserialised, seams, segments
 from .faults import crash_point
+from .history import rewritten
 from .lock import RegistryLock
 from .salvage import DOCTOR_TMP, JournalScan, recoverable, salvage, scan_journal
 from .snapshot import TMP_PREFIX, Snapshot, SnapshotError, claim_records, decode_snapshot
 from .store import JOURNAL, LOCK, SNAPSHOT, FileStore
 
 ERROR = "error"
+SEGMENT_DAMAGED = "segment_damaged"
+#: what repairs damaged sealed history (doctor --fix does not: it never rewrites it)
+SEALED_FIX = ("--fix does not rewrite sealed history: put the original segment back from a "
+              "backup or the archive directory (`fleetclaims audit verify --with DIR` checks an "
+              "archive), then run `fleetclaims audit verify`")
 WARNING = "warning"
 INFO = "info"
 
@@ -110,6 +117,11 @@ def check(directory: str | os.PathLike[str], fix: bool = False) -> DoctorReport:
     pending = [f for f in report.findings if not f.fixed and f.severity != INFO]
     if not pending:
         return report
+    if all(f.kind == SEGMENT_DAMAGED for f in pending):
+        # Nothing doctor may do: sealed history is restored from a copy, and no write (not even
+        # a checkpoint, which could rotate onto it) is made over it.
+        raise SegmentDamaged(str(path / segments.DIRNAME), seq=pending[0].details["seq"],
+                             offset=0, reason=pending[0].details["reason"])
     lock = RegistryLock(path / LOCK, timeout=30.0)
     lock.open()
     try:
@@ -308,11 +320,16 @@ def _check_journal(path: Path, journal: JournalScan, snapshot: Snapshot | None,
             return True
         return False
     salvage = False
-    if journal.break_seq is not None and segments.before_active(path, journal.break_seq):
-        report.add("segment_damaged", f"{journal.break_reason} (seq {journal.break_seq}): a "
-                   "sealed journal segment is missing or damaged; --fix does not rewrite sealed "
-                   "history: put the segment back from a backup or the archive directory",
-                   seq=journal.break_seq)
+    sealed = _sealed_damage(path, journal, snapshot)
+    if sealed is not None or (journal.break_seq is not None
+                              and segments.before_active(path, journal.break_seq)):
+        # Sealed history is restored from a copy, never rewritten: the journal is not cut back
+        # (or quarantined) in favour of a segment that does not chain into it.
+        seq = sealed.seq if sealed is not None else journal.break_seq
+        reason = _bare(sealed.reason if sealed is not None else journal.break_reason or "")
+        reason += _foreign_note(journal, snapshot)
+        report.add(SEGMENT_DAMAGED, f"the sealed history (segments/) is missing or damaged at "
+                   f"seq {seq}: {reason}; {SEALED_FIX}", seq=seq, reason=reason, fix=SEALED_FIX)
         return False
     if journal.break_seq is not None:
         lost = journal.data_end - journal.good_end
@@ -325,7 +342,7 @@ def _check_journal(path: Path, journal: JournalScan, snapshot: Snapshot | None,
         report.add("torn_tail", f"the journal ends with {journal.torn} bytes of an incomplete "
                    "line (a writer died mid-append); --fix quarantines and truncates them",
                    WARNING, bytes=journal.torn)
-    recovered = recoverable(journal, snapshot)
+    recovered = None if _foreign_snapshot(journal, snapshot) else recoverable(journal, snapshot)
     if recovered is not None and recovered.seq > journal.state.seq:
         report.add("snapshot_ahead", f"the snapshot (with the journal lines that chain after it) "
                    f"reaches seq {recovered.seq} but the verified journal ends at seq "
@@ -340,6 +357,12 @@ def _check_snapshot(path: Path, journal: JournalScan, snapshot: Snapshot | None,
     if problem is not None:
         return report.add("snapshot_damaged", f"the snapshot is unreadable: {problem}; --fix "
                           "quarantines it and rebuilds it from the journal")
+    if snapshot is not None and _foreign_snapshot(journal, snapshot):
+        return report.add("snapshot_foreign", f"the snapshot claims.json belongs to registry "
+                          f"{snapshot.state.origin}, not to this registry ({journal.state.origin}, "
+                          "as its journal and anchor say): another registry's snapshot; --fix "
+                          "quarantines it (its claims are not adopted) and rebuilds the snapshot "
+                          "from the journal", origin=snapshot.state.origin)
     if snapshot is None or snapshot.state.seq > journal.state.seq:
         return None  # reported (and repaired) as snapshot_ahead
     seq = snapshot.state.seq
@@ -356,6 +379,54 @@ def _check_snapshot(path: Path, journal: JournalScan, snapshot: Snapshot | None,
                           f"journal at seq {seq} on {len(differ)} task(s); --fix rebuilds it",
                           tasks=differ[:20])
     return None
+
+
+def _foreign_snapshot(journal: JournalScan, snapshot: Snapshot | None) -> bool:
+    """Whether ``snapshot`` is another registry's: its origin is not the journal's, and the
+    anchor names the journal's (without an anchor, doctor_history takes the snapshot's origin
+    for ours and the journal for the stranger)."""
+    if snapshot is None or journal.break_seq is not None:
+        return False
+    theirs, ours = snapshot.state.origin, journal.state.origin
+    if not theirs or not ours or theirs == ours:
+        return False
+    found = anchor.read(journal.path)
+    return found is not None and found.origin == ours
+
+
+def _sealed_damage(path: Path, journal: JournalScan,
+                   snapshot: Snapshot | None) -> SegmentDamaged | None:
+    """Where the sealed segments do not form one chain with the journal (seams.broken): a
+    segment missing, swapped, another registry's, or edited and re-sealed within itself. Not
+    when the journal is the stranger: its line at the anchor's seq is not the one recorded."""
+    try:
+        fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        damage = seams.broken(path, fd)
+        if damage is None or journal.break_seq is None:
+            return damage
+        found = anchor.read(path)
+        if found is not None and rewritten(fd, os.fstat(fd).st_size, found,
+                                           found.seq + 1) is not None:
+            return None  # the journal's fault: repaired as a broken journal
+        return damage
+    finally:
+        os.close(fd)
+
+
+def _bare(reason: str) -> str:
+    """A reason without the "audit journal broken at seq N: " an error puts before it."""
+    return re.sub(r"^(audit journal broken at seq \d+(, byte offset \d+)?: )+", "", reason)
+
+
+def _foreign_note(journal: JournalScan, snapshot: Snapshot | None) -> str:
+    ours = doctor_history.foreign_origin(journal, snapshot)
+    if ours is None:
+        return ""
+    return (f" (the sealed history names registry {journal.state.origin}, not this registry "
+            f"{ours}: another registry's segment)")
 
 
 def _differing(actual: ClaimView, expected: ClaimView | None) -> list[str]:

@@ -70,6 +70,8 @@ def check(path: Path, journal: JournalScan, snapshot: Snapshot | None,
                        "`fleetclaims init --new-history` to start a new history above fence "
                        f"{found.fence}", origin=found.origin, seq=found.seq, fence=found.fence)
         return False
+    if "segment_damaged" in report.kinds():
+        return False  # the origin read is the sealed history's: reported there, not repaired
     ours = foreign_origin(journal, snapshot)
     if ours is not None:
         can = snapshot is not None and snapshot.state.origin == ours

@@ -15,7 +15,13 @@ from typing import Any
 
 import orjson
 
-from ...core.errors import AuditCorrupt, HistoryLost, RegistryCorrupt, UnsafeRegistry
+from ...core.errors import (
+    AuditCorrupt,
+    HistoryLost,
+    RegistryCorrupt,
+    SegmentDamaged,
+    UnsafeRegistry,
+)
 from ...core.state import State
 from . import anchor, fsutil
 from .catchup import CatchUp
@@ -141,11 +147,19 @@ class History(CatchUp):
             return None
         reason = damage.reason.split(": ", 1)[-1] if damage.reason.startswith(
             "audit journal broken") else damage.reason
+        # (a read of the events stops before the state's seq: the state shown is then only
+        # verified as far as the line before the damage)
+        verified = min(self._state.seq if self._state is not None else 0, damage.seq - 1)
         doc: dict[str, Any] = {
             "file": damage.path, "from_seq": damage.seq, "to_seq": None,
             "offset": damage.offset, "end": None, "reason": reason,
-            "verified_seq": self._state.seq if self._state is not None else 0,
+            "verified_seq": max(verified, 0),
             "held": [], "fix": "fleetclaims doctor --fix", "message": str(damage)}
+        if isinstance(damage, SegmentDamaged) or damage.path.endswith(".jsonl.gz"):
+            # Sealed history: no byte range of audit.jsonl, and restored, not repaired.
+            doc.update(offset=None, end=None, fix="restore the sealed segment from a backup or "
+                       "the archive directory (doctor --fix does not rewrite sealed history)")
+            return doc
         try:
             fd = fsutil.open_file(self.journal_path, os.O_RDONLY)
         except OSError:

@@ -135,10 +135,6 @@ def check(directory: Path, fd: int, end: int | None = None, *, links: bool = Tru
         raise damage
 
 
-RESTORE = ("put the original segment back (from a backup or the archive directory) and run "
-           "`fleetclaims audit verify`; `doctor --fix` does not rewrite sealed history")
-
-
 def _missing(where: Path, lo: int, hi: int) -> SegmentDamaged:
     return SegmentDamaged(str(where), seq=lo, offset=0, reason=(
         f"sealed segment(s) with seq {lo}..{hi} missing from {where} (and not recorded as "
@@ -150,11 +146,11 @@ def origin(directory: Path, fd: int) -> str:
     journal) records; "" when it is archived or cannot be read (then not compared)."""
     sealed = segments.sealed(directory)
     first = b""
-    with contextlib.suppress(segments.SegmentError, OSError, StopIteration, IndexError):
+    with contextlib.suppress(segments.SegmentError, OSError, StopIteration):
         if sealed and sealed[0].first == 1:
-            # (its first member only; closed: a helper thread may read ahead)
-            with contextlib.closing(segments.read_blocks(sealed[0])) as blocks:  # type: ignore[type-var]
-                first = next(blocks)[0]
+            for lines in segments.read_blocks(sealed[0]):  # (its first member only)
+                first = lines[0] if lines else b""
+                break
         elif not sealed:
             line = next(iter_lines(fd, 0, None))
             first = line[1] if line[2] else b""

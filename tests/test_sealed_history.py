@@ -179,6 +179,25 @@ def test_another_registrys_segment_is_named_and_our_journal_not_quarantined(
         Registry(ours).explain("t-3")
 
 
+def test_a_journal_that_does_not_follow_genuine_segments_is_the_journals_damage(
+        tmp_path: Path, small: None) -> None:
+    """The other way round: audit.jsonl replaced (another registry's, same seqs), our segments
+    intact. The anchor's line is not in that journal, so the break at the seam is the
+    journal's: doctor repairs it as a broken journal (the segments are kept as they are)."""
+    ours, theirs = tmp_path / "a", tmp_path / "b"
+    _sealed_registry(ours)
+    _sealed_registry(theirs)
+    (ours / "audit.jsonl").write_bytes((theirs / "audit.jsonl").read_bytes())
+    sealed = {s.path.name: s.path.read_bytes() for s in segments.sealed(ours)}
+    found = doctor.check(ours)
+    assert "segment_damaged" not in found.kinds() and "journal_corrupt" in found.kinds(), (
+        [f.message for f in found.findings], [(s.first, s.last) for s in segments.sealed(ours)],
+        (ours / "audit.jsonl").read_bytes()[:60])
+    assert doctor.check(ours, fix=True).ok
+    assert {s.path.name: s.path.read_bytes() for s in segments.sealed(ours)} == sealed
+    assert Registry(ours).verify().ok
+
+
 # --- 3: reads of a task or of events over missing or damaged sealed history --------------------
 
 

@@ -29,7 +29,6 @@ from ...core.ports import ClaimView
 from ...system import SystemClock, pid_exists
 from . import anchor, doctor_history, fsutil, reserialised, seams, segments
 from .faults import crash_point
-from .history import rewritten
 from .lock import RegistryLock
 from .salvage import DOCTOR_TMP, JournalScan, recoverable, salvage, scan_journal
 from .snapshot import TMP_PREFIX, Snapshot, SnapshotError, claim_records, decode_snapshot
@@ -320,9 +319,9 @@ def _check_journal(path: Path, journal: JournalScan, snapshot: Snapshot | None,
             return True
         return False
     salvage = False
-    sealed = _sealed_damage(path, journal, snapshot)
-    if sealed is not None or (journal.break_seq is not None
-                              and segments.before_active(path, journal.break_seq)):
+    sealed = _sealed_damage(path, journal)
+    if (sealed is not None or (journal.break_seq is not None and segments.before_active(
+            path, journal.break_seq))) and not _journal_stranger(path):
         # Sealed history is restored from a copy, never rewritten: the journal is not cut back
         # (or quarantined) in favour of a segment that does not chain into it.
         seq = sealed.seq if sealed is not None else journal.break_seq
@@ -394,24 +393,35 @@ def _foreign_snapshot(journal: JournalScan, snapshot: Snapshot | None) -> bool:
     return found is not None and found.origin == ours
 
 
-def _sealed_damage(path: Path, journal: JournalScan,
-                   snapshot: Snapshot | None) -> SegmentDamaged | None:
+def _sealed_damage(path: Path, journal: JournalScan) -> SegmentDamaged | None:
     """Where the sealed segments do not form one chain with the journal (seams.broken): a
-    segment missing, swapped, another registry's, or edited and re-sealed within itself. Not
-    when the journal is the stranger: its line at the anchor's seq is not the one recorded."""
+    segment missing, swapped, another registry's, or edited and re-sealed within itself."""
+    if not journal.exists:
+        return None
     try:
         fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
     except OSError:
         return None
     try:
-        damage = seams.broken(path, fd)
-        if damage is None or journal.break_seq is None:
-            return damage
-        found = anchor.read(path)
-        if found is not None and rewritten(fd, os.fstat(fd).st_size, found,
-                                           found.seq + 1) is not None:
-            return None  # the journal's fault: repaired as a broken journal
-        return damage
+        return seams.broken(path, fd)
+    finally:
+        os.close(fd)
+
+
+def _journal_stranger(path: Path) -> bool:
+    """At a break between the sealed history and audit.jsonl: whether audit.jsonl is the
+    stranger, lacking the anchor's line (seq and hash) that comes after the sealed segments
+    (another registry's journal, or ours cut). Undecided (no anchor, or its line sealed):
+    False, the sealed side is blamed, and nothing is rewritten."""
+    found = anchor.read(path)
+    if found is None:
+        return False
+    try:
+        fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        return seams.journal_holds(path, fd, found.seq, found.head) is False
     finally:
         os.close(fd)
 

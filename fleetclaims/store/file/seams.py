@@ -12,6 +12,7 @@ by the reads that return them, and every line by ``audit verify``.)
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import orjson
@@ -21,9 +22,9 @@ from ...core.errors import ArchiveMismatch, SegmentDamaged
 from ...core.model import GENESIS
 from . import archive, segments
 from .journal import seq_of
-from .reader import iter_lines
+from .reader import find_offset, iter_lines
 
-__all__ = ["broken", "check", "ends", "origin"]
+__all__ = ["broken", "check", "ends", "journal_holds", "origin"]
 
 Link = tuple[int, str]
 
@@ -161,3 +162,25 @@ def origin(directory: Path, fd: int) -> str:
             return found if isinstance(found, str) else ""
     return ""
 
+
+
+def journal_holds(directory: Path, fd: int, seq: int, head: str) -> bool | None:
+    """Whether the active journal (open at ``fd``) holds line ``seq`` with hash ``head`` (the
+    anchor's): None when that seq is sealed (the journal cannot tell), else True or False.
+    At a broken seam it says which side is the stranger: a journal without the anchor's
+    line is not this registry's (or was cut), whatever the segments hold."""
+    sealed = segments.sealed(directory)
+    last = sealed[-1].last if sealed else 0
+    if seq <= last or seq <= 0:
+        return None
+    end = os.fstat(fd).st_size
+    first = seq_of(os.pread(fd, 64, 0))
+    if first is None or seq < first:
+        return False
+    line = next(iter_lines(fd, find_offset(fd, seq - 1, 0, end, first - 1), end), None)
+    if line is None or not line[2]:
+        return False
+    with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+        event = orjson.loads(line[1])
+        return bool(event.get("seq") == seq and event.get("hash") == head)
+    return False

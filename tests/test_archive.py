@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -17,8 +18,8 @@ import pytest
 from fc_support import run_python
 
 import fleetclaims
-from fleetclaims.cli.output import EXIT_DAMAGED, EXIT_OK
-from fleetclaims.core.errors import ArchiveMismatch, AuditCorrupt
+from fleetclaims.cli.output import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE
+from fleetclaims.core.errors import ArchiveMismatch, AuditCorrupt, ValidationError
 from fleetclaims.store.file import archive, doctor, preseal, segments
 from fleetclaims.store.file.faults import CRASH_POINTS
 
@@ -171,3 +172,67 @@ def test_killed_while_archiving(tmp_path: Path, small: None, point: str) -> None
                                            for s in segments.sealed(d))
     assert fleetclaims.Registry(d).verify().ok
     assert archive.verify_with(d, out)["seq"] > 0
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()
+            and p.name != "claims.lock"}
+
+
+def test_archiving_onto_the_segments_themselves_is_refused(tmp_path: Path, small: None) -> None:
+    """``--to`` naming the registry's own segments/ folder (or a link to it, or a file there
+    that is the segment itself) once 'copied' each segment onto itself and then removed it as
+    archived: the sealed history was gone, exit 0."""
+    d = tmp_path / "r"
+    _build(d)
+    sealed = segments.sealed(d)
+    (tmp_path / "link").symlink_to(d / "segments")
+    linked = tmp_path / "hardlinked"
+    linked.mkdir()
+    os.link(sealed[0].path, linked / sealed[0].path.name)  # (the same file under another name)
+    before = _files(d)
+    reg = fleetclaims.Registry(d)
+    for to, why in ((d / "segments", "own segments/"), (d / "segments" / "old", "own segments/"),
+                    (tmp_path / "link", "own segments/"), (d, "registry folder itself"),
+                    (linked, "itself")):
+        with pytest.raises(ValidationError, match=why):
+            archive.archive_registry(reg.store, 0, to)
+        assert _files(d) == before, to
+    reg.close()
+    shown = _cli(d, "audit", "archive", "--before", "0s", "--to", str(d / "segments"))
+    assert shown.returncode == EXIT_USAGE and "segments" in shown.stderr, shown.stderr
+    assert _files(d) == before and not (d / "segments" / archive.ANCHOR).exists()
+    assert _cli(d, "audit", "verify").returncode == EXIT_OK
+
+
+def test_two_registries_archived_to_one_folder(tmp_path: Path, small: None) -> None:
+    """Segment files of two registries share names: the second archive to the same folder
+    replaced the first's files (its events then gone everywhere). Now refused, naming the
+    file, before anything changed; a file there with the very same bytes counts as the copy."""
+    d, e, out = tmp_path / "r", tmp_path / "e", tmp_path / "cold"
+    _build(d)
+    _build(e)
+    clash = segments.sealed(e)[0].path.name
+    assert (d / "segments" / clash).read_bytes() != (e / "segments" / clash).read_bytes()
+    reg = fleetclaims.Registry(d)
+    done = archive.archive_registry(reg.store, 0, out)
+    reg.close()
+    archived = _files(out)
+    before = _files(e)
+    reg = fleetclaims.Registry(e)
+    with pytest.raises(ValidationError, match=f"{clash} already exists.*folder of its own"):
+        archive.archive_registry(reg.store, 0, out)
+    reg.close()
+    assert _files(out) == archived and _files(e) == before
+    shown = _cli(e, "audit", "archive", "--before", "0s", "--to", str(out))
+    assert shown.returncode == EXIT_USAGE and clash in shown.stderr, shown.stderr
+    assert _files(out) == archived and _files(e) == before
+    assert archive.verify_with(d, out)["seq"] == done["seq"]
+    # The same bytes already there (a copy made before): taken as the copy.
+    other = tmp_path / "cold-e"
+    other.mkdir()
+    shutil.copy(e / "segments" / clash, other / clash)
+    reg = fleetclaims.Registry(e)
+    assert archive.archive_registry(reg.store, 0, other)["archived"]
+    reg.close()
+    assert archive.verify_with(e, other)["seq"] > 0 and segments.sealed(e) == []

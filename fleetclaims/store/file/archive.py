@@ -6,7 +6,10 @@ goes on from that anchor; ``audit verify --with DIR`` checks the archived files 
 
 Nothing is archived unless asked; the default keeps everything. Steps (crash points):
 
-- ``archive.after_copy``: the segments are copied (fsynced) into DIR; nothing else changed;
+- ``archive.after_copy``: the segments are copied (fsynced) into DIR; nothing else changed
+  (a file of a segment's name already in DIR is never replaced: with the very same bytes it
+  counts as the copy, otherwise, as for a DIR that is the registry's own segments/ folder,
+  nothing is done: ValidationError);
 - ``archive.after_anchor``: the anchor names them; they are still in ``segments/`` too
   (readers skip them; the next archive removes them once their copies check out);
 - then they are removed from ``segments/``.
@@ -25,13 +28,14 @@ from typing import Any
 import orjson
 
 from ...core.chain import ChainError
-from ...core.errors import ArchiveMismatch
+from ...core.errors import ArchiveMismatch, ValidationError
 from ...core.model import GENESIS
 from . import fsutil, segments
 from .faults import crash_point, osc
 from .journal import check_link, write_at
 
 ANCHOR = "archived.json"
+JOURNAL = "audit.jsonl"  # (a registry folder holds one: never archived into)
 DEFAULT_DIR = "archive"
 
 __all__ = ["ANCHOR", "DEFAULT_DIR", "Anchor", "archive", "read_anchor", "verify_with"]
@@ -76,10 +80,74 @@ def _last_ts(seg: segments.Segment) -> float:
     return float(orjson.loads(last)["ts"])
 
 
-def _copy(src: Path, dst_dir: Path, sync: bool) -> None:
-    tmp = dst_dir / f".{src.name}.tmp"
-    segments.write_new(tmp, src.read_bytes(), sync=sync)
-    osc.replace(str(tmp), str(dst_dir / src.name))
+def _target(directory: Path, to: Path | None) -> Path:
+    """The folder to archive to, refused (ValidationError, nothing changed) where the copies
+    would be the segments themselves (the registry's segments/ folder, under any name: the
+    "copies" were then removed as archived) or would land in a registry's own folders."""
+    target = (to or directory / DEFAULT_DIR).resolve()
+    home = directory.resolve()
+    folder = home / segments.DIRNAME
+    if target == home:
+        why = "is the registry folder itself"
+    elif target == folder or folder in target.parents or _same_file(target, folder):
+        why = (f"is the registry's own {segments.DIRNAME}/ folder (or inside it, or a link to "
+               "it): the copies would be the sealed segments themselves, which archiving then "
+               "removes")
+    elif (target / JOURNAL).exists() or (target.name == segments.DIRNAME
+                                         and (target.parent / JOURNAL).exists()):
+        why = "is another registry's folder or its segments/ folder"
+    else:
+        return target
+    raise ValidationError("--to", f"{target} {why}; archive to a folder of its own, outside "
+                          f"the registry (the default is {home / DEFAULT_DIR})")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one file or folder (same device and inode: a hard link or
+    a bind mount is not told apart by its path)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _taken(seg: segments.Segment, dst: Path, sha256: str, field: str = "--to") -> bool:
+    """Whether ``dst`` (the archived copy's name) is taken already: False when it is free, True
+    when it holds the very same bytes (it counts as the copy: an archive interrupted before
+    its anchor, or the same segment archived twice). Otherwise ValidationError: a file of
+    that name is never replaced (two registries' segments share names) nor the segment
+    itself archived onto."""
+    if not os.path.lexists(dst):
+        return False
+    if _same_file(seg.path, dst):
+        raise ValidationError(field, f"{dst} is the sealed segment {seg.path} itself (a hard "
+                              "link or a mount of the registry's segments/ folder): archive "
+                              "to a folder of its own")
+    if dst.is_file() and not dst.is_symlink() and _sha256(dst) == sha256:
+        return True
+    raise ValidationError(field, f"{dst} already exists and is not a copy of {seg.path} "
+                          "(another registry's segment of the same name, or an earlier "
+                          "history's?); it is never replaced: archive each registry (and each "
+                          "history) to a folder of its own")
+
+
+def _copy(seg: segments.Segment, dst: Path, sha256: str, sync: bool, field: str) -> None:
+    """Copy ``seg`` to ``dst`` through a temp file, never replacing a file of that name: a
+    hard link to the temp file fails if one appeared since ``_taken`` said it was free."""
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
+    segments.write_new(tmp, seg.path.read_bytes(), sync=sync)
+    try:
+        try:
+            os.link(tmp, dst)
+        except FileExistsError:
+            if not _taken(seg, dst, sha256, field):  # (gone again meanwhile)
+                os.link(tmp, dst)
+        except OSError:  # a file system without hard links: checked, then renamed
+            if not _taken(seg, dst, sha256, field):
+                osc.replace(str(tmp), str(dst))
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
 
 
 def archive(directory: Path, before: float, to: Path | None = None, *,
@@ -88,7 +156,7 @@ def archive(directory: Path, before: float, to: Path | None = None, *,
     ones, in order; the active journal is never archived) to ``to``. Call under the registry
     lock. Returns what was done (for the CLI)."""
     now = time.time() if now is None else now
-    target = (to or directory / DEFAULT_DIR).resolve()
+    target = _target(directory, to)
     anchor = read_anchor(directory)
     start = anchor.seq if anchor is not None else 0
     files = list(anchor.files) if anchor is not None else []
@@ -104,18 +172,22 @@ def archive(directory: Path, before: float, to: Path | None = None, *,
         chosen.append(seg)
     if not chosen:
         return {"archived": [], "to": str(target), "seq": start}
+    # Every name checked before anything is copied: a refusal changes nothing.
+    field = "--to" if to is not None else f"archive folder (default {DEFAULT_DIR}/)"
+    sums = [_sha256(seg.path) for seg in chosen]
+    fresh = [(seg, sha) for seg, sha in zip(chosen, sums, strict=True)
+             if not _taken(seg, target / seg.path.name, sha, field)]
     target.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for seg in chosen:
-        _copy(seg.path, target, sync)
+    for seg, sha in fresh:
+        _copy(seg, target / seg.path.name, sha, sync, field)
     if sync:
         fsutil.fsync_dir(target)
     crash_point("archive.after_copy")
     last = chosen[-1]
     seq, head = segments.last_link(last)
-    for seg in chosen:
+    for seg, sha in zip(chosen, sums, strict=True):
         files.append({"name": seg.path.name, "first": seg.first, "last": seg.last,
-                      "bytes": seg.path.stat().st_size, "sha256": _sha256(seg.path),
-                      "dir": str(target)})
+                      "bytes": seg.path.stat().st_size, "sha256": sha, "dir": str(target)})
     _write_anchor(directory, {"seq": seq, "hash": head, "files": files}, sync)
     crash_point("archive.after_anchor")
     _finish(directory, read_anchor(directory))
@@ -149,6 +221,8 @@ def _finish(directory: Path, anchor: Anchor | None) -> None:
         entry = next((f for f in anchor.files if f["name"] == seg.path.name), None)
         copy = Path(entry["dir"]) / seg.path.name if entry else None
         if copy is None or not copy.exists() or _sha256(copy) != entry["sha256"]:  # type: ignore[index]
+            continue
+        if _same_file(copy, seg.path):  # (an anchor naming segments/ itself, as one once could)
             continue
         seg.path.unlink()
         with contextlib.suppress(FileNotFoundError):

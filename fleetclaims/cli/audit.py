@@ -398,9 +398,10 @@ def _audit_verify(args: argparse.Namespace, out: Out) -> int:
     refusal = _store_refusal(reg) if report.ok else None
     missing = None if wanted is None or not report.ok else _anchor_held(reg, *wanted)
     archived = None if args.with_dir is None else _verify_with(reg, args.with_dir)
+    stale = list(report.index_problems)
     if out.json:
-        out.doc({"ok": report.ok and refusal is None and missing is None,
-                 "events": report.events, "bytes": report.bytes,
+        out.doc({"ok": report.ok and refusal is None and missing is None and not stale,
+                 "index_problems": stale, "events": report.events, "bytes": report.bytes,
                  "head": report.head, "error": report.error, "seq": report.seq,
                  "offset": report.offset, "snapshot_anchored": report.anchor_ok,
                  "torn_tail_bytes": report.torn_tail, "seconds": round(elapsed, 3),
@@ -413,6 +414,8 @@ def _audit_verify(args: argparse.Namespace, out: Out) -> int:
         if refusal is not None:
             out.line(out.paint("DAMAGED", "31;1") + f": the chain verifies but the registry "
                      f"refuses to work: {refusal}")
+        for problem in stale:  # (derived data: the chain is fine, some reads are not)
+            out.line(out.paint("STALE INDEX", "31;1") + f": {problem}")
         if archived is not None:
             out.line(f"archive {args.with_dir}: {archived['archived_events']} events verified, "
                      f"ending at the anchor (seq {archived['seq']})")
@@ -420,7 +423,7 @@ def _audit_verify(args: argparse.Namespace, out: Out) -> int:
             out.line(f"anchor {wanted[0]}:{wanted[1][:16]}…: " + (
                 "held by the journal" if missing is None else out.paint("NOT HELD", "31;1")
                 + f": {missing}"))
-    if not report.ok or report.anchor_ok is False or refusal is not None or missing:
+    if not report.ok or report.anchor_ok is False or refusal is not None or missing or stale:
         return EXIT_DAMAGED
     return EXIT_OK
 

@@ -60,6 +60,9 @@ class VerifyReport:
     anchor_ok: bool | None = None  # snapshot anchored in the journal (None: no snapshot)
     torn_tail: int = 0  # bytes of an incomplete last line (ignored by readers)
     sealed: bool = False  # the damage is in sealed history: restored from a copy, not repaired
+    # sealed segments' (derived) indexes that do not match their segment, each named with what
+    # to do (file stores): reads through them may miss events, the chain itself is fine
+    index_problems: tuple[str, ...] = ()
 
 
 Decide = Callable[[State, Now], Decision]

@@ -15,6 +15,7 @@ but zeros after it is damage (``junk``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -65,8 +66,8 @@ class JournalReader:
     writer may have appended meanwhile): set ``offset``, ``seq`` and ``prev`` to start elsewhere.
     """
 
-    __slots__ = ("chunk_size", "damage", "end", "fd", "from_anchor", "offset", "path", "prev",
-                 "seq", "torn")
+    __slots__ = ("chunk_size", "damage", "end", "fd", "from_anchor", "index_problems", "offset",
+                 "path", "prev", "seq", "torn")
 
     def __init__(self, fd: int, path: str, *, offset: int = 0, seq: int = 0,
                  prev: str = GENESIS, end: int | None = None, chunk_size: int = CHUNK,
@@ -83,6 +84,8 @@ class JournalReader:
         self.chunk_size = chunk_size
         self.torn = b""
         self.damage: Damage | None = None
+        # verify sets a list: each sealed segment read whole is checked against its index
+        self.index_problems: list[str] | None = None
 
     def events(self) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
         """(offset, line without newline, event) for each verified line."""
@@ -212,8 +215,10 @@ class JournalReader:
         for seg in sealed:
             if seg.last <= seq:
                 continue
+            at = start if seg is sealed[0] else 0
+            check = None if self.index_problems is None or at else segments.IndexCheck()
             try:
-                for lines in segments.read_blocks(seg, start if seg is sealed[0] else 0):
+                for lines in segments.read_blocks(seg, at, check):
                     for line in lines:
                         seq += 1
                         try:
@@ -238,6 +243,9 @@ class JournalReader:
                 self.damage = Damage(seq + 1, 0, f"{seg.path.name} ends at seq {seq}, its name "
                                      f"says {seg.last}", str(seg.path))
                 return
+            problems = self.index_problems
+            if check is not None and problems is not None and (found := check.problem(seg)):
+                problems.append(found)
 
     def _skip_sealed(self) -> bool:
         """At the start of the active journal of a segmented registry (``seq`` > 0): skip its
@@ -375,9 +383,8 @@ def verify_fd(
     report = _verify(fd, path, progress, anchor)
     if snapshot_problem is None:
         return report
-    return VerifyReport(report.ok, report.events, report.bytes, report.head,
-                        report.error or f"snapshot: {snapshot_problem}", report.seq,
-                        report.offset, False, report.torn_tail)
+    return dataclasses.replace(report, error=report.error or f"snapshot: {snapshot_problem}",
+                               anchor_ok=False)
 
 
 def _verify(fd: int, path: str, progress: Callable[[int, int], None] | None,
@@ -389,7 +396,9 @@ def _verify(fd: int, path: str, progress: Callable[[int, int], None] | None,
 
         pending = verify_par.start(Path(path).parent, fd)
     if pending is None:
-        return _verify_from(reader, progress, anchor, None if anchor is None else False)
+        reader.index_problems = []
+        report = _verify_from(reader, progress, anchor, None if anchor is None else False)
+        return dataclasses.replace(report, index_problems=tuple(reader.index_problems))
     # The active journal from its own first line, while the workers check the segments; the
     # junction (its first line follows their last) is checked when both are done.
     first = next(iter_lines(fd, 0), None)
@@ -417,7 +426,7 @@ def _verify(fd: int, path: str, progress: Callable[[int, int], None] | None,
                             sealed.seq + 1, 0, active.anchor_ok)
     return VerifyReport(active.ok, active.events + sealed.count, active.bytes, active.head,
                         active.error, active.seq, active.offset, active.anchor_ok,
-                        active.torn_tail)
+                        active.torn_tail, sealed.index_problems)
 
 
 def _verify_from(reader: JournalReader, progress: Callable[[int, int], None] | None,

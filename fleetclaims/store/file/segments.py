@@ -45,9 +45,10 @@ PREFETCH_MIN = 1 << 20  # a sealed file this large is decompressed ahead by a he
 DIRNAME = "segments"
 _NAME = re.compile(r"^audit-(\d{12})-(\d{12})\.jsonl\.gz$")
 _TASK = re.compile(rb'"task":("(?:[^"\\]|\\.)*")')
+_MERGE = b'"type":"registries_merged"'
 
-__all__ = ["BLOCK", "DIRNAME", "SEGMENT_BYTES", "Segment", "SegmentError", "read_lines",
-           "seal", "sealed", "task_lines"]
+__all__ = ["BLOCK", "DIRNAME", "SEGMENT_BYTES", "IndexCheck", "Segment", "SegmentError",
+           "read_lines", "seal", "sealed", "task_lines"]
 
 
 class SegmentError(Exception):
@@ -107,17 +108,21 @@ def read_lines(seg: Segment) -> Iterator[bytes]:
         yield from lines
 
 
-def read_blocks(seg: Segment, start: int = 0) -> Iterator[list[bytes]]:
+def read_blocks(seg: Segment, start: int = 0,
+                check: IndexCheck | None = None) -> Iterator[list[bytes]]:
     """``read_lines`` a list of lines at a time (no generator resumption per line: verify and
     replay read every line of every segment), from the gzip member at byte ``start``. A large
     segment is decompressed by a helper thread a few blocks ahead (zlib releases the GIL),
-    overlapping the caller's hashing."""
+    overlapping the caller's hashing. ``check`` (a read from byte 0) is fed what the read
+    decompresses, to compare the segment's index with afterwards (verify)."""
     try:
         size = seg.path.stat().st_size
     except FileNotFoundError:
         size = 0
+    # (a test counts _blocks calls with a two-argument stand-in)
+    args: tuple[Any, ...] = (seg, start) if check is None or start else (seg, start, check)
     if size - start < PREFETCH_MIN:
-        yield from _blocks(seg, start)
+        yield from _blocks(*args)
         return
     import queue  # (here: a cold command that reads no large segment saves ~3 ms)
 
@@ -138,7 +143,7 @@ def read_blocks(seg: Segment, start: int = 0) -> Iterator[list[bytes]]:
 
     def work() -> None:
         try:
-            for block in _blocks(seg, start):
+            for block in _blocks(*args):
                 if not hand(block):
                     return
             hand(None)
@@ -159,7 +164,8 @@ def read_blocks(seg: Segment, start: int = 0) -> Iterator[list[bytes]]:
         worker.join()
 
 
-def _blocks(seg: Segment, start: int = 0) -> Iterator[list[bytes]]:
+def _blocks(seg: Segment, start: int = 0,
+            check: IndexCheck | None = None) -> Iterator[list[bytes]]:
     try:
         fd = os.open(seg.path, os.O_RDONLY)
     except FileNotFoundError:
@@ -183,15 +189,21 @@ def _blocks(seg: Segment, start: int = 0) -> Iterator[list[bytes]]:
                     raise SegmentError(seg.path, seg.first, f"gzip data damaged before "
                                        f"compressed byte {pos}: {exc}") from None
                 chunk = b""
-                if d.eof:  # the next member
+                ended = d.eof
+                if ended:  # the next member
                     chunk = d.unused_data
                     d = zlib.decompressobj(wbits=31)
                     started = False
                 pending += data
                 cut = pending.rfind(b"\n") + 1
                 if cut:
-                    yield pending[: cut - 1].split(b"\n")
+                    whole = pending[: cut - 1]
+                    if check is not None:
+                        check.scan(whole)
+                    yield whole.split(b"\n")
                     pending = pending[cut:]
+                if ended and check is not None:  # (the member ends where its unused data starts)
+                    check.member(pos - len(chunk), whole=not pending)
         if pending or started:
             raise SegmentError(seg.path, seg.first, "the gzip file is cut short")
     finally:
@@ -228,7 +240,7 @@ def _index(lines: bytes, blocks: list[tuple[int, int, int]]) -> dict[str, Any]:
             seen = tasks.setdefault(task, [])
             if not seen or seen[-1] != n:
                 seen.append(n)
-        if b'"type":"registries_merged"' in block:
+        if _MERGE in block:
             merges.append(n)
     return {"blocks": [[c, n] for c, n, _ in blocks], "tasks": tasks, "merges": merges}
 
@@ -338,42 +350,164 @@ def discard(packed: Packed) -> None:
 
 
 def _block_lines(seg: Segment, offset: int, length: int) -> list[bytes]:
+    """The lines of the gzip member at ``offset`` (``length`` bytes, as the index says):
+    SegmentError unless those bytes are exactly one member of whole lines."""
     with open(seg.path, "rb") as f:
         f.seek(offset)
         raw = f.read(length)
+    d = zlib.decompressobj(wbits=31)
     try:
-        return zlib.decompress(raw, 31).split(b"\n")[:-1]
+        data = d.decompress(raw)
     except zlib.error as exc:
         raise SegmentError(seg.path, seg.first, f"gzip member at byte {offset} damaged: "
                            f"{exc}") from None
+    if len(raw) != length or not d.eof or d.unused_data or not data.endswith(b"\n"):
+        raise SegmentError(seg.path, seg.first, f"no gzip member of whole lines at byte "
+                           f"{offset} ({length} bytes)")
+    return data.split(b"\n")[:-1]
+
+
+def _members(value: Any, count: int) -> bool:
+    """Whether ``value`` is a list of member numbers below ``count`` (ints, not bools)."""
+    return isinstance(value, list) and all(type(n) is int and 0 <= n < count for n in value)
 
 
 def _indexed(seg: Segment) -> dict[str, Any] | None:
+    """The segment's index when it is readable and fits the file, else None: the caller reads
+    the whole segment. It fits when its members tile the file exactly (contiguous from byte 0,
+    positive lengths summing to the file's size): an index left from before the segment was
+    re-compressed, or edited by hand, must never make a read fail or raise (it is derived;
+    ``audit verify`` compares it with the segment's contents, ``IndexCheck``)."""
     try:
         index = orjson.loads(seg.index_path.read_bytes())
+        size = seg.path.stat().st_size
     except (OSError, orjson.JSONDecodeError):
         return None
-    return index if isinstance(index, dict) and isinstance(index.get("tasks"), dict) else None
+    if not isinstance(index, dict) or not isinstance(index.get("tasks"), dict):
+        return None
+    blocks = index.get("blocks")
+    if not isinstance(blocks, list) or not blocks or not _members(index.get("merges"),
+                                                                   len(blocks)):
+        return None
+    pos = 0
+    for block in blocks:
+        if (not isinstance(block, list) or len(block) != 2 or type(block[0]) is not int
+                or type(block[1]) is not int or block[0] != pos or block[1] <= 0):
+            return None
+        pos += block[1]
+    return index if pos == size else None
 
 
 def task_lines(seg: Segment, task: str) -> Iterator[tuple[int, bytes]]:
     """(offset 0, line) of each line of ``seg`` that may be about ``task`` (the caller checks
-    the seal and the task): through the index when it is readable, else the whole segment."""
-    index = _indexed(seg)
+    the seal and the task): through the index when it is readable and fits, else the whole
+    segment (also when a member the index names does not read as one: the whole read then
+    names real damage, or finds the lines a stale index placed wrongly)."""
     needle = b'"task":' + orjson.dumps(task)
-    merge = b'"type":"registries_merged"'
+    found = _through_index(seg, task, needle)
+    lines: Iterator[bytes] = iter(found) if found is not None else (
+        line for line in read_lines(seg) if needle in line or _MERGE in line)
+    for line in lines:
+        yield 0, line
+
+
+def _through_index(seg: Segment, task: str, needle: bytes) -> list[bytes] | None:
+    """The lines of the members the index names for ``task`` (and merges), or None when the
+    index is missing, does not fit or names a member that does not read as one."""
+    index = _indexed(seg)
     if index is None:
-        for line in read_lines(seg):
-            if needle in line or merge in line:
-                yield 0, line
-        return
-    wanted = sorted(set(index["tasks"].get(task, ())) | set(index.get("merges", ())))
+        return None
     blocks = index["blocks"]
-    for n in wanted:
-        offset, length = blocks[n]
-        for line in _block_lines(seg, offset, length):
-            if needle in line or merge in line:
-                yield 0, line
+    named = index["tasks"].get(task, [])
+    if not _members(named, len(blocks)):
+        return None
+    found: list[bytes] = []
+    try:
+        for n in sorted(set(named) | set(index["merges"])):
+            offset, length = blocks[n]
+            found.extend(line for line in _block_lines(seg, offset, length)
+                         if needle in line or _MERGE in line)
+    except (OSError, SegmentError):
+        return None
+    return found
+
+
+class IndexCheck:
+    """The index a whole read of a segment implies (its gzip members; per task, and for merges,
+    the members holding such lines), built from the bytes the read decompresses anyway
+    (``read_blocks(check=)``). ``problem`` compares the segment's index file with it: an
+    index that lists a task wrongly hides the task's events from ``explain`` (verify names it)."""
+
+    def __init__(self) -> None:
+        self.blocks: list[list[int]] = []
+        self.tasks: dict[bytes, list[int]] = {}  # by the task's JSON text (decoded at the end)
+        self.merges: list[int] = []
+        self.whole = True  # every member ends at a line's end (as sealing writes them)
+
+    def scan(self, data: bytes) -> None:
+        """Whole lines of the member being read."""
+        n = len(self.blocks)
+        for m in _TASK.finditer(data):
+            seen = self.tasks.setdefault(m[1], [])
+            if not seen or seen[-1] != n:
+                seen.append(n)
+        if _MERGE in data and (not self.merges or self.merges[-1] != n):
+            self.merges.append(n)
+
+    def member(self, end: int, *, whole: bool) -> None:
+        """The member being read ends at byte ``end``."""
+        start = self.blocks[-1][0] + self.blocks[-1][1] if self.blocks else 0
+        self.blocks.append([start, end - start])
+        self.whole = self.whole and whole
+
+    def problem(self, seg: Segment) -> str | None:
+        """What is wrong with ``seg``'s index file (None: it matches, or there is none)."""
+        try:
+            why = self._differs(seg.index_path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            why = f"it cannot be read: {exc.strerror}"
+        if why is None:
+            return None
+        harm = ("until it is gone `explain` and `audit --task` may miss that segment's events"
+                if _indexed(seg) is not None else "readers ignore it")
+        return (f"{seg.index_path} does not match its segment {seg.path.name} ({why}); {harm}. "
+                "The index is derived data: delete it (the segment, which verifies, is then "
+                "read whole)")
+
+    def _differs(self, data: bytes) -> str | None:
+        try:
+            index = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return "it is not readable JSON"
+        if not isinstance(index, dict) or set(index) != {"blocks", "tasks", "merges"}:
+            return "it is not an index: the keys blocks, tasks and merges are expected"
+        if not self.whole:
+            return "the segment's gzip members do not end at line ends"
+        if _canon(index["blocks"]) != _canon(self.blocks):
+            return "the gzip members it names are not the file's: re-compressed or replaced?"
+        tasks: dict[str, list[int]] = {}
+        for text, members in self.tasks.items():
+            with contextlib.suppress(orjson.JSONDecodeError):
+                task = orjson.loads(text)
+                tasks[task] = sorted({*tasks.get(task, ()), *members})
+        listed = index["tasks"]
+        if not isinstance(listed, dict):
+            return "its task list is not an object"
+        wrong = sorted(t for t in tasks.keys() | listed.keys()
+                       if _canon(listed.get(t)) != _canon(tasks.get(t)))
+        if wrong:
+            shown = ", ".join(repr(t) for t in wrong[:3]) + (", ..." if len(wrong) > 3 else "")
+            return f"the members it names differ for {len(wrong)} task(s): {shown}"
+        if _canon(index["merges"]) != _canon(self.merges):
+            return "the members it names for registries_merged events differ"
+        return None
+
+
+def _canon(value: Any) -> bytes:
+    """JSON text to compare parsed values by (so that true is not 1)."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
 def resume_point(seg: Segment, after: int) -> tuple[int, int, str] | None:

@@ -37,14 +37,17 @@ class Sealed:
     seq: int
     prev: str
     damage: tuple[int, str, str] | None = None
+    index_problems: tuple[str, ...] = ()  # segments.IndexCheck.problem of each segment
 
 
-def _segment(path: str, first: int, last: int) -> tuple[int, str, str, int, str]:
-    """(lines, first line's prev, last hash, damage seq or 0, why) of one segment."""
+def _segment(path: str, first: int, last: int) -> tuple[int, str, str, int, str, str]:
+    """(lines, first line's prev, last hash, damage seq or 0, why, what is wrong with its
+    index or "") of one segment."""
     seg = segments.Segment(Path(path), first, last)
     seq, prev, head, count = first - 1, "", "", 0
+    check = segments.IndexCheck()
     try:
-        for lines in segments.read_blocks(seg):
+        for lines in segments.read_blocks(seg, 0, check):
             for line in lines:
                 seq += 1
                 if not prev:
@@ -53,15 +56,15 @@ def _segment(path: str, first: int, last: int) -> tuple[int, str, str, int, str]
                 head = check_link(line, seq, head)
                 count += 1
     except (ChainError, orjson.JSONDecodeError) as exc:
-        return count, prev, head, seq, f"{seg.path.name}: {exc}"
+        return count, prev, head, seq, f"{seg.path.name}: {exc}", ""
     except segments.SegmentError as exc:
         return count, prev, head, seq + 1, (
             f"{seg.path.name}: {exc.reason}; keep the file as it is (copy it aside) and restore "
-            "it from a backup or the archive")
+            "it from a backup or the archive"), ""
     if seq != last:
         return count, prev, head, seq + 1, (
-            f"{seg.path.name} ends at seq {seq}, its name says {last}")
-    return count, prev, head, 0, ""
+            f"{seg.path.name} ends at seq {seq}, its name says {last}"), ""
+    return count, prev, head, 0, "", check.problem(seg) or ""
 
 
 _WORKER = ("import sys, orjson\nfrom fleetclaims.store.file.verify_par import _segment\n"
@@ -92,10 +95,11 @@ class Pending:
                 for i, line in zip(share, lines, strict=True):
                     results[i] = orjson.loads(line)
         count = 0
+        problems = []
         for i, seg in enumerate(sealed):
-            if results[i] is None:  # a worker failed: this one is read here
+            if results[i] is None or len(results[i]) != 6:  # a worker failed: read here
                 results[i] = _segment(str(seg.path), seg.first, seg.last)
-            n, first_prev, head, bad, why = results[i]
+            n, first_prev, head, bad, why, index_problem = results[i]
             if first_prev != prev and n:
                 return Sealed(count, seq, prev, (seg.first, f"{seg.path.name}: prev hash does "
                                                  "not match the line before", str(seg.path)))
@@ -103,7 +107,9 @@ class Pending:
                 return Sealed(count + n, seq, prev, (bad, why, str(seg.path)))
             count += n
             seq, prev = seg.last, head
-        return Sealed(count, seq, prev)
+            if index_problem:
+                problems.append(index_problem)
+        return Sealed(count, seq, prev, None, tuple(problems))
 
 
 def start(directory: Path, fd: int) -> Pending | None:

@@ -426,7 +426,7 @@ def _verify(fd: int, path: str, progress: Callable[[int, int], None] | None,
                             sealed.seq + 1, 0, active.anchor_ok)
     return VerifyReport(active.ok, active.events + sealed.count, active.bytes, active.head,
                         active.error, active.seq, active.offset, active.anchor_ok,
-                        active.torn_tail, sealed.index_problems)
+                        active.torn_tail, index_problems=sealed.index_problems)
 
 
 def _verify_from(reader: JournalReader, progress: Callable[[int, int], None] | None,

@@ -216,9 +216,24 @@ def reader(args: argparse.Namespace, **extra: Any) -> Registry:
     return Registry(store=MemoryStore(clock=SystemClock(), location=location))
 
 
+def from_env(name: str, check: Callable[[str], str] | None = None) -> str | None:
+    """The value of environment variable ``name`` (None: unset or empty), checked by
+    ``check`` (a validator of fleetclaims.core.validate): a bad value is refused naming the
+    variable, since there is no argument to fix."""
+    from ..core.errors import ValidationError
+
+    value = os.environ.get(name) or None
+    if value is None or check is None:
+        return value
+    try:
+        return check(value)
+    except ValidationError as exc:
+        raise ValidationError(name, f"{exc.reason} (a value from the environment: fix or unset "
+                              f"{name})", value=value) from None
+
+
 def token(args: argparse.Namespace) -> str:
     from ..core import validate
-    from .who import from_env
 
     tok = args.token or from_env("FLEETCLAIMS_TOKEN", validate.token)
     if not tok:

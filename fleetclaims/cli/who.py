@@ -5,31 +5,13 @@ who a change is recorded as (``actor_of``)."""
 from __future__ import annotations
 
 import argparse
-import os
-from collections.abc import Callable
 
-from .args import dur
+from .args import dur, from_env
 
 
 def owner_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--owner", default=None,
                    help="who claims it, e.g. agent-a (default: $FLEETCLAIMS_OWNER)")
-
-
-def from_env(name: str, check: Callable[[str], str] | None = None) -> str | None:
-    """The value of environment variable ``name`` (None: unset or empty), checked by
-    ``check`` (a validator of fleetclaims.core.validate): a bad value is refused naming the
-    variable, since there is no argument to fix."""
-    from ..core.errors import ValidationError
-
-    value = os.environ.get(name) or None
-    if value is None or check is None:
-        return value
-    try:
-        return check(value)
-    except ValidationError as exc:
-        raise ValidationError(name, f"{exc.reason} (a value from the environment: fix or unset "
-                              f"{name})", value=value) from None
 
 
 def env_owner() -> str | None:

@@ -355,20 +355,21 @@ class HistoryLost(RegistryCorrupt):
     code = "history_lost"
 
     def __init__(self, path: str, reason: str, *, anchor: str, origin: str, seq: int,
-                 fence: int, restorable: bool = True) -> None:
+                 fence: int, restorable: bool = True, fix: str | None = None) -> None:
         self.anchor = anchor
         self.origin = origin
         self.seq = seq
         self.fence = fence
-        fix = ("Run `fleetclaims doctor --fix` to restore what can be restored (the fences go "
+        what = ("Run `fleetclaims doctor --fix` to restore what can be restored (the fences go "
                "on above the recorded ones), or `fleetclaims init --new-history`"
                if restorable else "Nothing is left to restore: run "
                "`fleetclaims init --new-history`")
         super().__init__(
             path, reason,
-            hint=f"The anchor {anchor} recorded registry {origin} at seq {seq}, fence {fence}. "
-            f"{fix} to acknowledge a deliberate reset (a new history starting above fence "
-            f"{fence}).",
+            # (``fix``: what to do when the anchor itself cannot say what it recorded)
+            hint=fix or f"The anchor {anchor} recorded registry {origin} at seq {seq}, fence "
+            f"{fence}. {what} to acknowledge a deliberate reset (a new history starting above "
+            f"fence {fence}).",
         )
 
 

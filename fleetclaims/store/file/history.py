@@ -53,8 +53,13 @@ def rewritten(fd: int, end: int, found: anchor.Anchor | None, seq: int) -> str |
     return None
 
 
+Recorded = tuple[tuple["anchor.Anchor | None", "str | None"], int]  # (anchor.load(), fence mark)
+_UNREADABLE = "\0unreadable:"  # (a reason that is an anchor file that cannot be read)
+
+
 class History(CatchUp):
     _history_owed = False
+    _recorded: Recorded | None = None  # read at the start of a load (see _load)
     damage: AuditCorrupt | None = None  # what a read could not verify (see read)
     #: the uid owning the registry directory when it is not ours (another user's registry:
     #: read only, never written: no lock taken, no file created or changed)
@@ -71,6 +76,10 @@ class History(CatchUp):
             "the command as its owner, or claim in your own registry (--dir, FLEETCLAIMS_DIR).")
 
     def _load(self, *, writer: bool) -> None:
+        # What was recorded outside the journal, read before the journal: it names only lines
+        # durable by then, so a writer that appends and mirrors while we read (without the
+        # lock) is no alarm (see _check_history).
+        self._recorded = (anchor.load(self.directory), self._lock.fence_mark())
         if (self._lock.generation() == 0 and not os.path.lexists(self.journal_path)
                 and not os.path.lexists(self.snapshot_path)):
             # Nothing here and a fresh lock file: a new registry, unless one lived here.
@@ -183,27 +192,47 @@ class History(CatchUp):
             self._check_history(writer=writer)
 
     def _check_history(self, *, writer: bool = False) -> None:
-        state = self._state
-        assert state is not None
-        mark = self._lock.fence_mark()
-        found = anchor.read(self.directory)
-        reason = anchor.problem(state, found, mark) or rewritten(
-            self._fd, self._offset, found, state.seq)
+        recorded, self._recorded = self._recorded, None
+        reason, found, mark = self._history_problem(recorded)
+        if reason is not None and recorded is not None:
+            # Read before the journal, the anchor may be older than a repair that moved it
+            # back (doctor --fix): only what the current one says too is an alarm.
+            reason, found, mark = self._history_problem(None)
         if reason is None:
             return
+        state = self._state
+        assert state is not None
         floor = max(mark, found.fence if found is not None else 0)
-        if self._snap_offset > 0 and state.fence < floor and self._replay_alone(writer, floor):
+        if self._snap_offset > 0 and state.fence < floor and self._replay_alone(
+                writer, floor, found, mark):
             return  # the snapshot's fence was forged (or stale): the journal holds the grants
+        if reason.startswith(_UNREADABLE):
+            raise anchor.unreadable(self.directory, reason[len(_UNREADABLE):], mark)
         raise anchor.lost(self.directory, reason, found, mark)
 
-    def _replay_alone(self, writer: bool, floor: int) -> bool:
+    def _history_problem(self, recorded: Recorded | None) -> tuple[
+            str | None, anchor.Anchor | None, int]:
+        """(why the loaded history falls short of ``recorded``, or None; the anchor; the
+        fence mark), ``recorded`` read now when None."""
+        state = self._state
+        assert state is not None
+        if recorded is None:
+            recorded = (anchor.load(self.directory), self._lock.fence_mark())
+        (found, garbled), mark = recorded
+        if garbled is not None:  # (never overwritten by our next checkpoint: refused)
+            return _UNREADABLE + garbled, None, mark
+        return anchor.problem(state, found, mark) or rewritten(
+            self._fd, self._offset, found, state.seq), found, mark
+
+    def _replay_alone(self, writer: bool, floor: int, found: anchor.Anchor | None,
+                      mark: int) -> bool:
         """Load the journal without the snapshot; True when it reaches what was recorded (then
         the snapshot is quarantined by a writer, or owed to the next one, as any bad one)."""
         snap_fence = self._state.fence if self._state is not None else 0
         self._state = State()
         self._offset = self._snap_offset = self._snap_size = 0
         super()._consume(writer=False)
-        if anchor.problem(self._state, anchor.read(self.directory), self._lock.fence_mark()):
+        if anchor.problem(self._state, found, mark):
             return False
         problem = (f"the snapshot's fence high-water {snap_fence} is below fence {floor}, "
                    "recorded in the journal and outside the snapshot")
@@ -249,8 +278,5 @@ class History(CatchUp):
     def _after_checkpoint(self) -> None:
         """Mirror the checkpointed head (durable in the journal already): the fence mark in
         claims.lock and the anchor outside the folder. Best effort, never on the hot path."""
-        state = self._state
-        assert state is not None
-        with contextlib.suppress(OSError):
-            self._lock.mark_fence(state.fence)
-        anchor.record(self.directory, state)
+        assert self._state is not None
+        anchor.mirror(self.directory, self._lock, self._state)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from ...core.errors import RegistryBusy
+from ...core.errors import RegistryBusy, UnsafeRegistry
 from .fsutil import open_file
 
 try:
@@ -61,6 +61,11 @@ SPIN = 200
 GEN_SIZE = 24
 FENCE_OFFSET = GEN_OFFSET + GEN_SIZE + 8  # the fence high-water mark (see fence_mark)
 FENCE_SIZE = 24
+# What the last anchor written recorded (anchor.py): which anchor file, and whether it carried
+# the user's key's seal. An anchor deleted or overwritten with junk is then told from one that
+# was never written (a new registry, one made before anchors, one moved or copied elsewhere).
+ANCHOR_OFFSET = FENCE_OFFSET + FENCE_SIZE + 8
+ANCHOR_SIZE = 256
 
 
 class _Timeout(Exception):
@@ -245,3 +250,29 @@ def bump_generation_at(path: Path) -> None:
         lock.bump_generation()
     finally:
         lock.close()
+
+
+def read_anchor_mark(path: Path) -> bytes:
+    """The anchor mark of the claims.lock at ``path`` (b"" when there is none or no file)."""
+    try:
+        fd = open_file(path, os.O_RDONLY)
+    except (OSError, UnsafeRegistry):
+        return b""
+    try:
+        return os.pread(fd, ANCHOR_SIZE, ANCHOR_OFFSET)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def write_anchor_mark(path: Path, data: bytes) -> None:
+    """Write the anchor mark (``data``, one line shorter than ANCHOR_SIZE) into the existing
+    claims.lock at ``path``. Raises OSError (the caller's is best effort)."""
+    if len(data) >= ANCHOR_SIZE:
+        raise ValueError("anchor mark too long")
+    fd = open_file(path, os.O_WRONLY)  # (never created here: a removed folder stays removed)
+    try:
+        os.pwrite(fd, data.ljust(ANCHOR_SIZE - 1) + b"\n", ANCHOR_OFFSET)
+    finally:
+        os.close(fd)

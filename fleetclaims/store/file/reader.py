@@ -496,9 +496,15 @@ def _line_ends_at(fd: int, anchor: tuple[int, int, str]) -> bool:
 def snapshot_problem(fd: int, snapshot: Snapshot, directory: Path) -> str | None:
     """``snapshot.anchor_problem`` knowing sealed segments: a snapshot at offset 0 of the active
     journal with events is the one a rotation wrote, when the sealed segments end at its seq
-    (the chain from there is checked by the reader that goes on from it)."""
+    (the chain from there is checked by the reader that goes on from it); or when the active
+    journal starts right after it and a segment ends at its seq: a helper (preseal.py) sealed
+    the next lines already, the rotation that switches the journal is still to come (a writer
+    that closed before it: found quarantined as unusable by the next one)."""
     if snapshot.offset == 0 and snapshot.state.seq > 0:
         sealed = segments.sealed(directory)
-        if sealed and sealed[-1].last == snapshot.state.seq:
+        seq = snapshot.state.seq
+        if sealed and (sealed[-1].last == seq or (
+                any(seg.last == seq for seg in sealed)
+                and seq_of(os.pread(fd, 64, 0)) == seq + 1)):
             return None
     return anchor_problem(fd, snapshot)

@@ -248,7 +248,8 @@ def checkpoint_lagging(directory: str) -> None:
     try:
         store.read()
         if store.lagging():
-            store.leave_snapshot()
+            with store._mutex:  # (unlocked: see FileStore._leave_snapshot)
+                store._leave_snapshot()
     finally:
         store.close()
 

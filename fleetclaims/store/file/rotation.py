@@ -19,7 +19,9 @@ written under the lock and the switch follows at once, as before. Steps and cras
 - ``segment.after_snapshot``: claims.json is at the sealed head with offset 0, which fits both
   the old active journal (lines up to its seq skipped) and the new one;
 - ``segment.after_switch``: the new ``audit.jsonl`` (the lines after S) is in place, the
-  generation bumped.
+  generation bumped. Then the anchor and claims.lock's fence mark are moved to S (sealed, so
+  durable): a rotation's snapshot is a checkpoint, and a close or a busy writer whose
+  checkpoints are all rotations must leave them at the head too.
 
 Unlocked checkpoints of other processes, taken of the old journal, are refused once the
 generation moved (snapshot.write_snapshot ``unless``).
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...system import background_priority, pid_exists
-from . import fsutil, preseal, rest, segments
+from . import anchor, fsutil, preseal, rest, segments
 from .faults import FAULTS, crash_point, osc
 from .journal import seq_of
 from .reader import find_offset
@@ -45,6 +47,7 @@ from .snapshot import encode_snapshot, snapshot_seq, write_snapshot
 if TYPE_CHECKING:
     import queue
 
+    from ...core.state import State
     from .catchup import CatchUp
 
 __all__ = ["rotate", "settle"]
@@ -68,6 +71,7 @@ class _Pending:
     base: int
     side: Path
     journal: tuple[int, int]  # (inode, generation) of the journal sealed
+    head: anchor.Sealed  # the sealed head, mirrored once the rotation is finished
     # Lines ``first``..``seq`` the child packs to ``packed`` for us to install (None: sealed
     # here already, before forking).
     first: int = 0
@@ -123,7 +127,7 @@ def rotate(store: CatchUp) -> None:
             faults_ok=True)
         if child:
             _PENDING[store] = _Pending(os.getpid(), child, state.seq, end, side, journal,
-                                       first, tmp)
+                                       _head(state), first, tmp)
             return
     # (Crash points armed by a test fire in this process: sealed here, then the side file.)
     data = os.pread(fd, end - start, start)
@@ -133,7 +137,8 @@ def rotate(store: CatchUp) -> None:
     del data
     child = rest.fork_worker(lambda: _write_side(store, side, sync), faults_ok=True)
     if child:
-        _PENDING[store] = _Pending(os.getpid(), child, state.seq, end, side, journal)
+        _PENDING[store] = _Pending(os.getpid(), child, state.seq, end, side, journal,
+                                   _head(state))
         return
     snap = encode_snapshot(state, 0)  # (no child: written here, under the lock)
     write_snapshot(store.directory, store.snapshot_path, snap, sync=sync)
@@ -142,6 +147,11 @@ def rotate(store: CatchUp) -> None:
     store._snap_offset = 0
     store._snap_size = len(snap)
     crash_point("segment.after_switch")
+    anchor.mirror(store.directory, store._lock, state)
+
+
+def _head(state: State) -> anchor.Sealed:
+    return anchor.Sealed(state.origin, state.seq, state.head, state.fence)
 
 
 def _pack_and_write_side(store: CatchUp, lines: tuple[int, int, int], tmp: Path, side: Path,
@@ -230,6 +240,7 @@ def _finish(store: CatchUp, pending: _Pending, *, block: bool = False) -> bool |
     store._snap_offset = 0
     store._snap_size = size
     crash_point("segment.after_switch")
+    anchor.mirror(store.directory, store._lock, pending.head)
     return True
 
 

@@ -433,11 +433,6 @@ class FileStore(History):
                 return
         self._checkpoint(unlocked=True)
 
-    def leave_snapshot(self) -> None:
-        """The settle helper's checkpoint: unlocked (see rest.checkpoint_lagging)."""
-        with self._mutex:
-            self._leave_snapshot()
-
     def lagging(self) -> bool:
         """Whether claims.json is behind what this handle has read of the journal."""
         return self._offset > self._snap_offset
@@ -468,6 +463,8 @@ class FileStore(History):
             at.settled()
             if self._forked[0]:
                 self._reap(block=wait)
+            if self.sync and self._offset > self._snap_offset:
+                osc.fdatasync(self._fd)  # (others' lines just read: no mirror may lead them)
             if self._offset > self._snap_offset and not (
                     defer and self._snap_size >= rest.DEFER_MIN
                     and rest.spawn_settler(str(self.directory), self._lock.fd)):
@@ -475,6 +472,8 @@ class FileStore(History):
                     self._checkpoint(unlocked=True)
                 else:  # the idle keeper: an operation arriving now must not wait for it
                     self._checkpoint_soon()
+            if not self._forked[0]:  # (a forked child mirrors what it writes)
+                self._after_checkpoint()  # at the head also when no checkpoint is written here
         except (OSError, FleetclaimsError) as exc:
             import logging
 

@@ -125,6 +125,33 @@ reg.close()
 """
 
 
+def test_each_rotation_moves_the_anchor_while_the_writer_stays_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One open handle, 4000-byte segments: each finished rotation is a checkpoint, and moves
+    the anchor and the fence mark to its sealed head (they stayed where the first checkpoint
+    put them, while busy writing)."""
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 4000)
+    d = tmp_path / "r"
+    reg = Registry(d)
+    reg.claim("first", owner="a")
+    reg.close()  # (anchored at seq 2, fence 1)
+    reg = Registry(d)
+    try:
+        for i in range(60):
+            reg.claim(f"t-{i}", owner="a")
+            sealed = segments.sealed(d)
+            if len(sealed) >= 3 and sealed[-1].first > 30:
+                break
+        sealed = segments.sealed(d)
+        assert len(sealed) >= 3
+        found = anchor.read(d)
+        assert found is not None and found.seq >= sealed[-2].last, (found, sealed)
+        assert _fence_mark(d) == found.fence > 1
+    finally:
+        reg.close()
+
+
+@pytest.mark.slow
 def test_the_anchor_follows_a_busy_writer_whose_checkpoints_are_rotations(
         tmp_path: Path) -> None:
     """Two writers, segments of 20 KB (a rotation every fraction of a second, each writing the
@@ -371,6 +398,7 @@ while time.time() < end:
 """
 
 
+@pytest.mark.slow
 def test_concurrent_writers_replacing_the_anchor_raise_no_alarm(tmp_path: Path) -> None:
     anchor.create_key()
     d = tmp_path / "r"

@@ -353,6 +353,26 @@ def test_no_false_alarm_for_fresh_moved_premark_or_prekey_registries(tmp_path: P
     assert found is not None and found.mac is not None and found.damage is None
 
 
+def test_an_anchor_emptied_by_a_power_cut_is_no_alarm(tmp_path: Path) -> None:
+    """Anchors are not fsynced (they only lag): after a power cut the renamed file may be
+    empty or zeros. That is no alarm; the mark in claims.lock stands in for it, so a journal
+    cut below what it recorded is still refused."""
+    d = tmp_path / "r"
+    _history(d)
+    path = anchor.anchor_file(d)
+    for lost in (b"", b"\0" * 200):
+        path.write_bytes(lost)
+        reg = Registry(d)
+        assert [c.task for c in reg.claims()] == ["a", "b", "c"]
+        reg.close()
+    path.write_bytes(b"")
+    lines, _ = journal_lines(d)
+    (d / "audit.jsonl").write_bytes(b"".join(line + b"\n" for line in lines[:-1]))
+    (d / "claims.json").unlink()
+    with pytest.raises(HistoryLost, match="reached seq 4"):
+        Registry(d).claim("c", owner="mallory")
+
+
 def test_a_garbled_anchor_without_a_mark_is_refused_with_what_to_do(tmp_path: Path) -> None:
     """A registry last written before anchor marks, its anchor overwritten with junk: nothing
     says what it recorded, so the store refuses (the junk is never overwritten) and says how

@@ -140,6 +140,10 @@ def load(directory: Path) -> tuple[Anchor | None, str | None]:
             return None, None
         return _from_mark(mark, path, f"the anchor {path} was deleted (claims.lock records "
                           "that it was written there)"), None
+    if not raw.strip(b"\0"):
+        # Empty: a rename not flushed when the power went (anchors are not fsynced: they only
+        # lag). No alarm; what the mark recorded stands in (a cut journal is still found).
+        return (None if mark is None else _from_mark(mark, path, None)), None
     found = _parse(raw, path)
     if found is None:
         why = (f"the anchor {path} cannot be read (it is not an anchor: damaged or "
@@ -203,7 +207,7 @@ def _mark(directory: Path, path: Path) -> dict[str, Any] | None:
     return mark
 
 
-def _from_mark(mark: dict[str, Any], path: Path, damage: str) -> Anchor:
+def _from_mark(mark: dict[str, Any], path: Path, damage: str | None) -> Anchor:
     return Anchor(mark["o"], mark["s"], mark["h"], mark["f"], "", path, None, damage)
 
 

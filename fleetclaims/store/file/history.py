@@ -54,7 +54,6 @@ def rewritten(fd: int, end: int, found: anchor.Anchor | None, seq: int) -> str |
 
 
 Recorded = tuple[tuple["anchor.Anchor | None", "str | None"], int]  # (anchor.load(), fence mark)
-_UNREADABLE = "\0unreadable:"  # (a reason that is an anchor file that cannot be read)
 
 
 class History(CatchUp):
@@ -193,36 +192,37 @@ class History(CatchUp):
 
     def _check_history(self, *, writer: bool = False) -> None:
         recorded, self._recorded = self._recorded, None
-        reason, found, mark = self._history_problem(recorded)
+        reason, found, mark, garbled = self._history_problem(recorded)
         if reason is not None and recorded is not None:
             # Read before the journal, the anchor may be older than a repair that moved it
             # back (doctor --fix): only what the current one says too is an alarm.
-            reason, found, mark = self._history_problem(None)
+            reason, found, mark, garbled = self._history_problem(None)
         if reason is None:
             return
+        if garbled:  # (an anchor file that cannot be read and no mark of it: never replaced)
+            raise anchor.unreadable(self.directory, reason, mark)
         state = self._state
         assert state is not None
         floor = max(mark, found.fence if found is not None else 0)
         if self._snap_offset > 0 and state.fence < floor and self._replay_alone(
                 writer, floor, found, mark):
             return  # the snapshot's fence was forged (or stale): the journal holds the grants
-        if reason.startswith(_UNREADABLE):
-            raise anchor.unreadable(self.directory, reason[len(_UNREADABLE):], mark)
         raise anchor.lost(self.directory, reason, found, mark)
 
     def _history_problem(self, recorded: Recorded | None) -> tuple[
-            str | None, anchor.Anchor | None, int]:
+            str | None, anchor.Anchor | None, int, bool]:
         """(why the loaded history falls short of ``recorded``, or None; the anchor; the
-        fence mark), ``recorded`` read now when None."""
+        fence mark; whether the reason is an anchor file that cannot be read), ``recorded``
+        read now when None."""
         state = self._state
         assert state is not None
         if recorded is None:
             recorded = (anchor.load(self.directory), self._lock.fence_mark())
         (found, garbled), mark = recorded
-        if garbled is not None:  # (never overwritten by our next checkpoint: refused)
-            return _UNREADABLE + garbled, None, mark
+        if garbled is not None:
+            return garbled, None, mark, True
         return anchor.problem(state, found, mark) or rewritten(
-            self._fd, self._offset, found, state.seq), found, mark
+            self._fd, self._offset, found, state.seq), found, mark, False
 
     def _replay_alone(self, writer: bool, floor: int, found: anchor.Anchor | None,
                       mark: int) -> bool:

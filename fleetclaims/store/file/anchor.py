@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from ...core.errors import HistoryLost
+from ...core.errors import FleetclaimsError, HistoryLost
 from ...core.state import State
 from ...location import SUBDIR, git_common_dir
 from .lock import RegistryLock, read_anchor_mark, write_anchor_mark
@@ -214,7 +214,7 @@ def _from_mark(mark: dict[str, Any], path: Path, damage: str | None) -> Anchor:
 def _write_mark(directory: Path, path: Path, head: Head, sealed: bool) -> None:
     mark = {"a": _path_key(path), "o": head.origin, "s": head.seq, "h": head.head,
             "f": head.fence, "k": sealed}
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, FleetclaimsError):
         write_anchor_mark(Path(directory) / LOCK_NAME, orjson.dumps(mark))
 
 
@@ -305,7 +305,8 @@ def mirror(directory: Path, lock: RegistryLock, state: Head) -> None:
     of a head durable in the journal or a sealed segment already: they lag, never lead)."""
     with contextlib.suppress(OSError):
         lock.mark_fence(state.fence)
-    record(directory, state)
+    with contextlib.suppress(OSError):  # (best effort: never fails the write it follows)
+        record(directory, state)
 
 
 def problem(state: State, anchor: Anchor | None, lock_fence: int = 0) -> str | None:

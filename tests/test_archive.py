@@ -236,3 +236,14 @@ def test_two_registries_archived_to_one_folder(tmp_path: Path, small: None) -> N
     assert archive.archive_registry(reg.store, 0, other)["archived"]
     reg.close()
     assert archive.verify_with(e, other)["seq"] > 0 and segments.sealed(e) == []
+
+
+def test_verify_with_a_folder_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    """`audit verify --with DIR` where DIR does not exist (a typo) said ok when nothing had
+    been archived yet; it is a usage error naming --with."""
+    d = tmp_path / "r"
+    fleetclaims.Registry(d).claim("t", owner="a")
+    done = _cli(d, "audit", "verify", "--with", str(tmp_path / "nope"))
+    assert done.returncode == EXIT_USAGE and "--with" in done.stderr, done.stderr
+    (tmp_path / "cold").mkdir()
+    assert _cli(d, "audit", "verify", "--with", str(tmp_path / "cold")).returncode == EXIT_OK

@@ -377,7 +377,11 @@ def _directory(option: str, text: str) -> Path:
 def _verify_with(reg: Any, directory: str) -> dict[str, Any]:
     from ..store.file import archive
 
-    return archive.verify_with(Path(str(reg.location)), _directory("--with", directory))
+    path = _directory("--with", directory)
+    if not path.is_dir():  # (a typo said "ok" when nothing had been archived yet)
+        raise ValidationError("--with", "is not a directory: name the folder `audit archive "
+                              "--to` copied the segments to", value=directory)
+    return archive.verify_with(Path(str(reg.location)), path)
 
 
 def _audit_verify(args: argparse.Namespace, out: Out) -> int:

@@ -388,6 +388,12 @@ def test_a_garbled_anchor_without_a_mark_is_refused_with_what_to_do(tmp_path: Pa
         Registry(d).claim("d", owner="z")
     assert "move that file aside" in str(caught.value)
     assert path.read_bytes() == b"junk"
+    # doctor says so too (it said healthy while every write was refused)
+    from fleetclaims.store.file import doctor as doctor_module
+
+    found = doctor_module.check(d)
+    assert not found.ok and any("cannot be read" in f.message for f in found.findings)
+    assert path.read_bytes() == b"junk"
     path.rename(path.with_name(path.name + ".damaged"))
     assert Registry(d).claim("d", owner="z").fence == 4
 

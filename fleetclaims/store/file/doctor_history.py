@@ -61,7 +61,13 @@ def check(path: Path, journal: JournalScan, snapshot: Snapshot | None,
           report: DoctorReport) -> bool:
     """Add a finding when the history falls short of what was recorded; True when --fix can
     act on it (a cut journal, or a foreign one with our snapshot to restore from)."""
-    found = anchor.read(path)
+    found, unreadable = anchor.load(path)
+    if unreadable is not None and journal.exists:  # (the store refuses to work: so do we)
+        report.add(KIND, f"{unreadable}, and claims.lock keeps no mark of the last anchor to "
+                   "compare with: nothing can tell whether the journal was cut or replaced. If "
+                   "you trust the journal, move the anchor aside (the next write writes a new "
+                   "one); else restore the registry from a backup")
+        return False
     if not journal.exists:
         if found is not None and snapshot is None and "journal_missing" not in report.kinds():
             report.add(KIND, f"the registry's journal and snapshot are gone (registry "

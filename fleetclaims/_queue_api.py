@@ -224,8 +224,9 @@ def _item_spec(index: int, item: Any) -> queue.TaskPatch:
         raise ValidationError(f"tasks[{index}]", "must be an object with a task id",
                               value=item)
     # (named as given when a string, else by type: str() of a key nested deep recurses)
-    unknown = sorted(k if isinstance(k, str) else f"<{type(k).__name__}>"
-                     for k in item if k not in _ITEM_KEYS)
+    # (shortened: a key may be any length, and the message is shown whole)
+    unknown = sorted((k if len(k) <= 64 else k[:61] + "...") if isinstance(k, str)
+                     else f"<{type(k).__name__}>" for k in item if k not in _ITEM_KEYS)
     if unknown:
         shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more"
                                            if len(unknown) > 10 else "")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from typing import Any
 
 from ..core.errors import ValidationError
@@ -28,6 +29,11 @@ _NAMES = {"null": "null", "boolean": "true or false", "integer": "an integer",
           "number": "a number", "string": "a string", "array": "a list", "object": "an object"}
 #: how a value's JSON type is named ("not a string"); true, false and null name themselves
 _GOT = {**_NAMES, "boolean": "a boolean", "integer": "a number"}
+
+
+def shorten(text: str, limit: int = 64) -> str:
+    """``text`` cut to ``limit`` characters (a name or a key may be any length)."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def closed(schema: dict[str, Any]) -> dict[str, Any]:
@@ -43,8 +49,7 @@ def check(tool: str, schema: dict[str, Any], arguments: dict[str, Any]) -> None:
     props: dict[str, Any] = schema.get("properties", {})
     for name in arguments:
         if name not in props:
-            shown = name if len(name) <= 64 else name[:61] + "..."
-            raise ValidationError(shown, _unknown(tool, name, list(props)))
+            raise ValidationError(shorten(name), _unknown(tool, name, list(props)))
     for name, value in arguments.items():
         problem = _problem(props[name], value, name)
         if problem is not None:
@@ -89,6 +94,8 @@ def _fits(wanted: Any, actual: str) -> bool:
 def _problem(schema: dict[str, Any], value: Any, path: str) -> tuple[str, str, Any] | None:
     """Where ``value`` (at ``path``) breaks ``schema``'s types, why, and the value to show
     (None: none); None when it does not break them."""
+    if isinstance(value, float) and not math.isfinite(value):  # (NaN, Infinity: JSON has none)
+        return path, f"must be a finite number, not {value!r}", None
     actual = json_type(value)
     options: list[dict[str, Any]] | None = schema.get("anyOf")
     if options is None:
@@ -122,11 +129,11 @@ def _inside(schema: dict[str, Any], value: Any, path: str) -> tuple[str, str, An
         props: dict[str, Any] = schema.get("properties", {})
         for key, item in value.items():
             if key in props:
-                problem = _problem(props[key], item, f"{path}.{key}")
+                problem = _problem(props[key], item, f"{path}.{shorten(key)}")
                 if problem is not None:
                     return problem
             elif schema.get("additionalProperties") is False:
-                return f"{path}.{key}", "is not a member this object takes", None
+                return f"{path}.{shorten(key)}", "is not a member this object takes", None
     return None
 
 
@@ -148,4 +155,4 @@ def _describe(schema: dict[str, Any]) -> str:
     return _NAMES.get(str(wanted), str(wanted))
 
 
-__all__ = ["check", "closed", "json_type"]
+__all__ = ["check", "closed", "json_type", "shorten"]

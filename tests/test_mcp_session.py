@@ -84,6 +84,23 @@ def _text(answer: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def test_an_unknown_prompt_is_invalid_params_without_a_traceback(client: Client) -> None:
+    answer = client.request("prompts/get", {"name": "x" * 100_000})
+    assert answer["error"]["code"] == -32602, answer
+    assert "is not a prompt of this server" in answer["error"]["message"]
+    assert len(answer["error"]["message"]) < 300
+    others: list[tuple[str, dict[str, Any]]] = [  # other handlers that could raise
+        ("resources/read", {"uri": "file:///nope"}),
+        ("completion/complete", {"ref": {"type": "ref/prompt", "name": "x"},
+                                 "argument": {"name": "a", "value": ""}}),
+        ("logging/setLevel", {"level": "debug"})]
+    for method, params in others:
+        answer = client.request(method, params)
+        assert answer.get("error", {}).get("code", -32602) != 0, answer
+    _, err, _ = client.finish(timeout=20)
+    assert "Traceback" not in err and "raised" not in err, err
+
+
 def test_long_unknown_keys_are_shortened_and_nan_is_not_a_number(client: Client) -> None:
     answer = client.request("tools/call", {"name": "add_many", "arguments": {
         "tasks": [{"id": "a", "k" * 500_000: 1}]}})

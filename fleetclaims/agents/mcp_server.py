@@ -485,7 +485,8 @@ def build(registry: Registry, owner: str, token_file: TokenFile | None = None,
         server.add_tool(getattr(tools, new), name=old, annotations=hints,
                         description=f"Older name of `{new}` (prefer `{new}`). {description}",
                         structured_output=False)
-    server._lowlevel_server.middleware.append(ExplainRefusals())  # -32602 says what
+    server._lowlevel_server.middleware.append(ExplainRefusals(  # -32602 says what
+        prompts=lambda: [p.name for p in server._prompt_manager.list_prompts()]))
     for tool in server._tool_manager.list_tools():  # published as enforced: no other argument
         closed(tool.parameters)
     return server, tools

@@ -26,7 +26,7 @@ LINE_MAX = 4 * 1024 * 1024
 #: the deepest JSON-RPC message accepted: the envelope plus 16 levels of metadata, with room
 NESTING_MAX = 64
 
-PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS = -32700, -32600, -32602
+PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32602, -32603
 
 #: what to answer a tool call refused before the SDK saw it: a field and a reason in,
 #: the tool result (a JSON-RPC ``result`` member) out
@@ -105,8 +105,9 @@ class ExplainRefusals:
     initialized"), or the parameter the method's schema refuses (``params.name`` is required,
     ``params.arguments`` must be an object), in the message and in ``data``."""
 
-    def __init__(self) -> None:
+    def __init__(self, prompts: Callable[[], list[str]] = list) -> None:
         self.initialized = False  # one stdio connection per server process
+        self.prompts = prompts  # the names prompts/get knows
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext,
                        ) -> HandlerResult:
@@ -131,9 +132,35 @@ class ExplainRefusals:
                       f"notifications/initialized) before {ctx.method}")
             raise MCPError(code=INVALID_PARAMS, message=f"Invalid params: {reason}",
                            data={"method": ctx.method, "reason": reason}) from None
+        except Exception as exc:  # the SDK would log a traceback and answer code 0
+            raise self._refusal(ctx, exc) from None
         if ctx.method in ("initialize", "notifications/initialized"):
             self.initialized = True
         return result
+
+
+    def _refusal(self, ctx: ServerRequestContext[Any, Any], exc: Exception) -> Exception:
+        """A handler's exception as a JSON-RPC error: an unknown prompt (or another value the
+        SDK refuses with ValueError) -32602 saying what is known, anything else -32603."""
+        from mcp.shared.exceptions import MCPError
+
+        from .mcp_schema import shorten
+
+        params = ctx.params or {}
+        if ctx.method == "prompts/get":
+            known = self.prompts()
+            name = shorten(str(params.get("name")), 64)
+            reason = (f"{name!r} is not a prompt of this server; it has "
+                      + (", ".join(map(repr, known)) if known else "none (see prompts/list)"))
+            return MCPError(code=INVALID_PARAMS, message=f"Invalid params: params.name: {reason}",
+                            data={"field": "params.name", "reason": reason, "prompts": known})
+        if isinstance(exc, (ValueError, LookupError)):
+            reason = shorten(str(exc), 200)
+            return MCPError(code=INVALID_PARAMS, message=f"Invalid params: {reason}",
+                            data={"method": ctx.method, "reason": reason})
+        return MCPError(code=INTERNAL_ERROR, message=f"Internal error: {type(exc).__name__} "
+                        f"in {ctx.method} (a bug in fleetclaims or the MCP SDK)",
+                        data={"method": ctx.method})
 
 
 #: what a pydantic error type means for a request parameter

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -82,6 +83,99 @@ def client(registry: Registry, tmp_path: Path) -> Iterator[Client]:
 def _text(answer: dict[str, Any]) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(answer["result"]["content"][0]["text"])
     return doc
+
+
+def test_a_cancelled_wait_claims_nothing_and_is_not_answered(registry: Registry,
+                                                             client: Client) -> None:
+    held = registry.claim("busy", owner="agent-b", ttl=600)
+    client.call(1, "claim", task="busy", wait=30)
+    time.sleep(0.5)
+    client.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                            "params": {"requestId": 1, "reason": "user"}}).encode())
+    time.sleep(1.5)  # (the wait notices within a second)
+    registry.release("busy", token=held.token)
+    time.sleep(1.0)
+    answer = client.request("tools/call", {"name": "get", "arguments": {"task": "busy"}})
+    assert _text(answer)["free"] is True  # and no answer to the cancelled call came first
+    time.sleep(1.0)
+    claim = registry.get("busy")
+    assert claim is not None and claim.owner == "agent-b" and claim.state == "released"
+    client.alive()
+
+
+def test_a_cancel_after_the_claim_was_made_changes_nothing(registry: Registry,
+                                                           client: Client) -> None:
+    answer = client.request("tools/call", {"name": "claim", "arguments": {"task": "mine"}})
+    assert _text(answer)["owner"] == "agent-a"
+    client.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                            "params": {"requestId": client.next_id}}).encode())
+    answer = client.request("tools/call", {"name": "renew", "arguments": {"task": "mine"}})
+    assert _text(answer)["fence"] == 1
+    claim = registry.get("mine")
+    assert claim is not None and claim.live and claim.owner == "agent-a"
+
+
+def test_eof_stops_a_wait_at_once_and_claims_nothing_for_nobody(registry: Registry,
+                                                                client: Client) -> None:
+    held = registry.claim("busy", owner="agent-b", ttl=600)
+    client.call(1, "claim", task="busy", wait=30)
+    time.sleep(0.5)
+    answers, err, took = client.finish(timeout=20)
+    assert took < 5, f"the server waited {took:.1f} s after EOF"
+    assert client.proc.returncode == 0, err
+    assert [a["id"] for a in answers] == [1]
+    assert tool_doc(answers[0])["error"] == "conflict"  # the wait's refusal, answered
+    registry.release("busy", token=held.token)
+    claim = registry.get("busy")
+    assert claim is not None and claim.owner == "agent-b"
+
+
+def test_requests_read_before_eof_are_carried_out_and_answered(registry: Registry,
+                                                              client: Client) -> None:
+    for i in range(1, 6):
+        client.call(i, "claim", task=f"eof{i}")
+    client.call(6, "claims")
+    answers, err, _ = client.finish(timeout=20)
+    assert client.proc.returncode == 0, err
+    assert sorted(a["id"] for a in answers) == [1, 2, 3, 4, 5, 6]
+    for answer in answers:
+        assert answer["result"]["isError"] is False, answer
+    assert sorted(c.task for c in registry.claims()) == [f"eof{i}" for i in range(1, 6)]
+
+
+def test_a_call_followed_at_once_by_eof_is_answered(registry: Registry, tmp_path: Path) -> None:
+    c = Client(tmp_path / "reg")
+    lines = [{"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": INIT},
+             {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+              "params": {"name": "claim", "arguments": {"task": "eof1"}}}]
+    out, err = c.proc.communicate(b"".join(json.dumps(m).encode() + b"\n" for m in lines),
+                                  timeout=30)
+    assert c.proc.returncode == 0, err
+    answers = {a["id"]: a for a in map(json.loads, out.splitlines())}
+    assert set(answers) == {"init", 2}
+    assert _text(answers[2])["task"] == "eof1"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("waiting", [False, True])
+def test_a_signal_stops_the_server_with_stdin_open(registry: Registry, client: Client,
+                                                   signum: int, waiting: bool) -> None:
+    registry.claim("busy", owner="agent-b", ttl=600)
+    answer = client.request("tools/call", {"name": "claim", "arguments": {"task": "mine"}})
+    assert answer["result"]["isError"] is False
+    if waiting:
+        client.call(1, "claim", task="busy", wait=30)
+        time.sleep(0.5)
+    start = time.monotonic()
+    client.proc.send_signal(signum)
+    client.proc.wait(timeout=10)  # stdin stays open
+    assert time.monotonic() - start < 5
+    assert client.proc.returncode == 128 + signum
+    mine = registry.get("mine")  # held claims are left to their lease
+    assert mine is not None and mine.live and mine.owner == "agent-a"
+    busy = registry.get("busy")
+    assert busy is not None and busy.owner == "agent-b"
 
 
 def test_an_unknown_prompt_is_invalid_params_without_a_traceback(client: Client) -> None:

@@ -32,6 +32,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from .._version import __version__
+from .._wait import Stopped
 from ..core.errors import FleetclaimsError, NotHolder, ValidationError
 from . import brief
 from .mcp_errors import TokenNeeded, error, internal
@@ -41,6 +42,7 @@ from .mcp_paths import Paths, PathTools, SharedPaths
 from .mcp_plan import TOOLS as PLANNING
 from .mcp_plan import PlanningTools
 from .mcp_schema import check, closed
+from .mcp_session import REQUEST, Board, Request, Tracker
 from .mcp_stdio import ExplainRefusals
 
 if TYPE_CHECKING:
@@ -83,6 +85,13 @@ def _ok(data: Any) -> CallToolResult:
                           structured_content=structured)
 
 
+def _cancelled(request: Request) -> CallToolResult:
+    """The answer to a call its client cancelled before it did anything: never sent (MCP:
+    no response to a cancelled request), only counted as answered (``Wire``)."""
+    request.unanswered = True
+    return error(FleetclaimsError("the call was cancelled by the client; nothing was done"))
+
+
 class ClaimsServer(PlanningTools, PathTools):
     """The tools, bound to one registry and one owner; the tokens of claims made here."""
 
@@ -123,6 +132,8 @@ class ClaimsServer(PlanningTools, PathTools):
                 return _ok(op())
             except FleetclaimsError as exc:
                 return error(exc)
+            except Stopped:
+                raise  # (a wait told to stop: ``waiting`` decides the answer)
             except Exception as exc:  # the SDK would hide the reason behind plain text
                 from .._open import typed_store_error
 
@@ -227,19 +238,38 @@ class ClaimsServer(PlanningTools, PathTools):
     def waiting(self, wait: float, op: Callable[[float | None], dict[str, Any]],
                 done: Callable[[dict[str, Any]], bool] = lambda r: True) -> CallToolResult:
         """``op`` with ``wait`` seconds of waiting, in slices of WAIT_SLICE: the lock is let go
-        between them, so the keeper renews the leases held meanwhile and other calls run."""
+        between them, so the keeper renews the leases held meanwhile and other calls run.
+
+        The wait stops when the client cancels the call (nothing is claimed after that and
+        the answer is dropped) or goes away (EOF, a signal: the wait ends as if its time ran
+        out, with the refusal met as the answer); see ``mcp_session``."""
+        from .._wait import Stopped, continued, stoppable
+
+        request = REQUEST.get()
+        if request is not None and request.stop.is_set():
+            if request.cancelled:
+                return _cancelled(request)
+            wait = 0  # the client is gone: no waiting, one try answered
         if not wait:
             return self.call(lambda: op(None))
-        from .._wait import continued
-
+        stop = request.stop if request is not None else threading.Event()
         deadline = time.monotonic() + wait
         first = True
+        last: CallToolResult | None = None
         while True:
             left = deadline - time.monotonic()
-            with contextlib.nullcontext() if first else continued():  # one refusal per call
-                piece = max(0.0, min(WAIT_SLICE, left))
-                result = self.call(lambda: op(piece))  # noqa: B023 - called here, at once
+            piece = max(0.0, min(WAIT_SLICE, left))
+            try:
+                with contextlib.nullcontext() if first else continued(), stoppable(stop):
+                    result = self.call(lambda: op(piece))  # noqa: B023 - called here, at once
+            except Stopped as exc:
+                if request is not None and request.cancelled:
+                    return _cancelled(request)
+                if exc.refusal is not None:
+                    return error(exc.refusal)
+                return last if last is not None else self.call(lambda: op(None))
             first = False
+            last = result
             if result.is_error:
                 payload = json.loads(result.content[0].text)  # type: ignore[union-attr]
                 if payload.get("error") not in ("conflict", "not_ready") or left <= WAIT_SLICE:
@@ -462,9 +492,10 @@ class _Server(MCPServer[Any]):
 
 
 def build(registry: Registry, owner: str, token_file: TokenFile | None = None,
-          keepalive: float = KEEPALIVE_MAX) -> tuple[MCPServer[Any], ClaimsServer]:
+          keepalive: float = KEEPALIVE_MAX, board: Board | None = None,
+          ) -> tuple[MCPServer[Any], ClaimsServer]:
     """The MCP server for ``registry`` acting as ``owner``, and its tool object (whose tokens
-    are kept in ``token_file`` when given)."""
+    are kept in ``token_file`` when given); ``board``: the requests its wire reads."""
     from ..core.durations import format_duration
 
     tools = ClaimsServer(registry, owner, token_file, keepalive)
@@ -487,6 +518,8 @@ def build(registry: Registry, owner: str, token_file: TokenFile | None = None,
                         structured_output=False)
     server._lowlevel_server.middleware.append(ExplainRefusals(  # -32602 says what
         prompts=lambda: [p.name for p in server._prompt_manager.list_prompts()]))
+    if board is not None:  # each handler knows its request: a cancel stops its wait
+        server._lowlevel_server.middleware.append(Tracker(board))
     for tool in server._tool_manager.list_tools():  # published as enforced: no other argument
         closed(tool.parameters)
     return server, tools
@@ -495,14 +528,21 @@ def build(registry: Registry, owner: str, token_file: TokenFile | None = None,
 def serve(registry: Registry, owner: str, keepalive: float = KEEPALIVE_MAX) -> None:
     """Serve over stdio until the client closes the connection, with the tokens persisted and
     the leases renewed meanwhile (``mcp_keep``). The SDK's transport is fed through a filter
-    that answers every line it cannot take itself (see ``_Wire``)."""
+    that answers every line it cannot take itself (see ``mcp_stdio.Wire``). At EOF, and on
+    SIGINT or SIGTERM, every wait stops and what was read is answered; then the server ends
+    (raising KeyboardInterrupt after SIGINT, SystemExit(143) after SIGTERM, as the command
+    line's other commands end). Held claims are left as they are: their leases decide."""
+    import signal
+
     import anyio
     from mcp.server.stdio import stdio_server
 
     from ..core.errors import ValidationError
     from .mcp_stdio import Wire
 
-    server, tools = build(registry, owner, TokenFile(registry.location, owner), keepalive)
+    board = Board()
+    server, tools = build(registry, owner, TokenFile(registry.location, owner), keepalive,
+                          board=board)
     tools.keeper.start()
 
     def refuse(field: str, reason: str) -> dict[str, Any]:
@@ -517,14 +557,31 @@ def serve(registry: Registry, owner: str, keepalive: float = KEEPALIVE_MAX) -> N
     os.dup2(null, 0)
     os.close(null)
     os.dup2(2, 1)
-    wire = Wire(refuse, stdin=wire_in, stdout=wire_out)
+    wire = Wire(refuse, stdin=wire_in, stdout=wire_out, board=board)
+
+    async def signals() -> None:
+        # Handled on the event loop (not raised at a random point of a worker's registry
+        # operation): the session ends as at EOF, whatever stdin does.
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+            async for signum in received:
+                wire.stop(signum)
+                return
 
     async def run() -> None:
-        async with stdio_server(stdin=wire, stdout=wire) as (read, write):  # type: ignore[arg-type]
-            low = server._lowlevel_server  # what MCPServer.run_stdio_async runs
-            await low.run(read, write, low.create_initialization_options())
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(signals)
+            async with stdio_server(stdin=wire, stdout=wire) as (read, write):  # type: ignore[arg-type]
+                low = server._lowlevel_server  # what MCPServer.run_stdio_async runs
+                await low.run(read, write, low.create_initialization_options())
+            tg.cancel_scope.cancel()
 
     try:
         anyio.run(run)
     finally:
-        wire_out.flush()
+        tools.keeper.stop()
+        with contextlib.suppress(OSError):
+            wire_out.flush()
+    if board.signal == signal.SIGINT:
+        raise KeyboardInterrupt
+    if board.signal is not None:
+        raise SystemExit(128 + board.signal)

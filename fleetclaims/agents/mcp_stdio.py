@@ -13,10 +13,13 @@ and ``data`` saying what was wrong (``ExplainRefusals``, a middleware of the SDK
 from __future__ import annotations
 
 import json
+import queue
 import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
+
+from .mcp_session import Board
 
 if TYPE_CHECKING:
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -26,6 +29,9 @@ LINE_MAX = 4 * 1024 * 1024
 #: the deepest JSON-RPC message accepted: the envelope plus 16 levels of metadata, with room
 NESTING_MAX = 64
 
+#: lines read ahead of the SDK (a cancel or EOF must be seen while a tool call runs)
+READ_AHEAD = 64
+
 PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32602, -32603
 
 #: what to answer a tool call refused before the SDK saw it: a field and a reason in,
@@ -34,14 +40,21 @@ ToolRefusal = Callable[[str, str], dict[str, Any]]
 
 
 class Wire:
-    """Both ends of the stdio wire (see the module's docstring)."""
+    """Both ends of the stdio wire (see the module's docstring). A reader thread of its own
+    reads ahead (at most READ_AHEAD lines) so that a cancel or EOF is seen while a tool call
+    runs, and tells the ``board`` (``mcp_session``); a cancel is handled here, not passed on
+    (the SDK would cancel the handler's task, which cannot stop its worker thread)."""
 
     def __init__(self, refuse_tool: ToolRefusal, stdin: BinaryIO | None = None,
-                 stdout: BinaryIO | None = None) -> None:
+                 stdout: BinaryIO | None = None, board: Board | None = None) -> None:
         self._refuse_tool = refuse_tool
         self._in = stdin if stdin is not None else sys.stdin.buffer
         self._out = stdout if stdout is not None else sys.stdout.buffer
         self._lock = threading.Lock()  # the SDK's writer and this screen both answer
+        self.board = board if board is not None else Board()
+        self._lines: queue.Queue[str | None] = queue.Queue()  # None: the end
+        self._room = threading.Semaphore(READ_AHEAD)
+        self._reader: threading.Thread | None = None
 
     # --- the SDK's stdin: lines it can take ---------------------------------------------------
 
@@ -51,12 +64,40 @@ class Wire:
     async def __anext__(self) -> str:
         import anyio
 
-        while True:
-            line = await anyio.to_thread.run_sync(self._next_line)
-            if line is None:
-                raise StopAsyncIteration
-            if line:
-                return line
+        if self._reader is None:  # a daemon: it never holds up the process's exit
+            self._reader = threading.Thread(target=self._read, name="fleetclaims-mcp-stdin",
+                                            daemon=True)
+            self._reader.start()
+        line = await anyio.to_thread.run_sync(self._lines.get, abandon_on_cancel=True)
+        if line is None:
+            # EOF or a signal: every wait has stopped (board.close); what was read is
+            # answered before the session ends (the SDK cancels what is still running).
+            self._lines.put(None)  # (asked again, the end again)
+            await anyio.to_thread.run_sync(self.board.drain, abandon_on_cancel=True)
+            raise StopAsyncIteration
+        self._room.release()
+        return line
+
+    def stop(self, signal: int) -> None:
+        """A signal: stop every wait and end the session as at EOF (stdin may stay open)."""
+        self.board.close(signal)
+        self._lines.put(None)
+
+    def _read(self) -> None:
+        try:
+            while not self.board.closed.is_set():
+                self._room.acquire()
+                line = self._next_line()
+                if line is None:
+                    break
+                if line:
+                    self._lines.put(line)
+                else:
+                    self._room.release()
+        except (OSError, ValueError):  # stdin unreadable (or closed under us): the end
+            pass
+        self.board.close()
+        self._lines.put(None)
 
     def _next_line(self) -> str | None:
         """The next line for the SDK; "" when this one was answered here; None at the end."""
@@ -71,20 +112,50 @@ class Wire:
             return ""
         reply = screen(raw, self._refuse_tool)
         if reply is None:
-            return raw.decode("utf-8")
+            text = raw.decode("utf-8")
+            return "" if self._track(json.loads(text)) else text
         if reply:
             self._send(reply)
         return ""
+
+    def _track(self, message: dict[str, Any]) -> bool:
+        """Tell the board of a request read or cancelled; True when the line is consumed
+        here (a cancel)."""
+        if "method" not in message:
+            return False  # a response to the server: nothing to track
+        if "id" in message:
+            self.board.opened(message["id"])
+            return False
+        if message["method"] == "notifications/cancelled":
+            params = message.get("params")
+            ident = params.get("requestId") if isinstance(params, dict) else None
+            if isinstance(ident, (str, int)) and not isinstance(ident, bool):
+                self.board.cancel(ident)
+            return True
+        return False
 
     # --- the SDK's stdout ---------------------------------------------------------------------
 
     async def write(self, text: str) -> None:
         import anyio
 
-        await anyio.to_thread.run_sync(self._write, text)
+        if self._answers(text):
+            await anyio.to_thread.run_sync(self._write, text)
 
     async def flush(self) -> None:
         return None  # every write is flushed
+
+    def _answers(self, text: str) -> bool:
+        """Tell the board that the SDK answers a request; False when the answer is dropped
+        (a call its client cancelled, stopped before it did anything)."""
+        try:
+            message = json.loads(text)
+        except ValueError:
+            return True
+        if isinstance(message, dict) and "method" not in message and "id" in message \
+                and ("result" in message or "error" in message):
+            return not self.board.answered(message["id"])
+        return True
 
     def _write(self, text: str) -> None:
         # backslashreplace: a lone surrogate becomes the JSON escape it came from, never a

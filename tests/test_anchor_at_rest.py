@@ -191,9 +191,9 @@ def test_the_anchor_follows_a_busy_writer_whose_checkpoints_are_rotations(
     # (history_lost; or, when the cut falls inside segments a helper sealed ahead of the
     # active journal, the missing segment is named first; or, when the emptied audit.jsonl
     # lacks the anchor's line at the seam, the journal is the broken side: refused every way)
-    found = doctor.check(d)
-    assert not found.ok
-    assert {"history_lost", "segment_damaged", "journal_corrupt"} & set(found.kinds())
+    report = doctor.check(d)
+    assert not report.ok
+    assert {"history_lost", "segment_damaged", "journal_corrupt"} & set(report.kinds())
     with pytest.raises((HistoryLost, SegmentDamaged)):
         Registry(d).claim("after-cut", owner="mallory")
 

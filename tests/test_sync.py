@@ -451,3 +451,20 @@ def test_an_edited_copy_of_this_registrys_own_ref_is_noticed_and_healed(
     ra.sync("origin")  # verifies B's journal again: nothing rewritten since A saw B's
     assert _owner(ra, "tb") == "bob"
     assert rb.sync("origin").published is None
+
+
+def test_a_repository_without_the_default_remote_is_told_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No remote given and no origin (nor a branch remote): a usage error saying which remotes
+    there are and what to do (it was RemoteUnavailable "Check the network", exit 1)."""
+    from fleetclaims.core.errors import ValidationError
+
+    repo = tmp_path / "solo"
+    repo.mkdir()
+    git("init", "-q", cwd=repo)
+    reg = Registry(registry_dir(repo))
+    reg.claim("t", owner="ana")
+    with pytest.raises(ValidationError, match="no remote named origin"):
+        reg.sync()
+    assert main(["--dir", registry_dir(repo), "sync"]) == 2
+    assert "git remote add origin" in capsys.readouterr().err

@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..core.errors import GitFailed, MissingDependency, RemoteUnavailable
+from ..core.errors import GitFailed, MissingDependency, RemoteUnavailable, ValidationError
 
 #: how long one network operation may take before the remote counts as unreachable
 NETWORK_TIMEOUT = 60.0
@@ -158,13 +158,21 @@ class Git:
         self.run(["update-ref", "--stdin"], data=lines.encode())
 
     def default_remote(self) -> str:
-        """The current branch's remote, else ``origin``."""
+        """The current branch's remote, else ``origin``; refused (ValidationError) when the
+        repository has no such remote (it was told as the network being down)."""
         branch = self.run(["symbolic-ref", "--short", "-q", "HEAD"], check=False)
         name = branch.stdout.decode().strip()
         if branch.returncode == 0 and name:
             got = self.run(["config", f"branch.{name}.remote"], check=False)
             if got.returncode == 0 and got.stdout.strip():
                 return got.stdout.decode().strip()
+        listed = self.run(["remote"], check=False)
+        remotes = listed.stdout.decode().split() if listed.returncode == 0 else ["origin"]
+        if "origin" not in remotes:
+            raise ValidationError(
+                "remote", "none given, and this repository has no remote named origin (`git "
+                f"remote` lists {', '.join(remotes) or 'none'}): name one (fleetclaims sync "
+                "REMOTE) or add it (git remote add origin URL)")
         return "origin"
 
     # --- the remote --------------------------------------------------------------------------
@@ -250,7 +258,9 @@ def repository_of(path: str) -> str:
         done = git.run(["rev-parse", "--git-dir"], check=False)  # a bare repository
         if done.returncode != 0:
             raise GitFailed("git rev-parse", f"{path} is not inside a git repository",
-                            hint="Run this in a clone of the repository (or pass repo=...).")
+                            hint="Keep the registry inside a clone of the repository it "
+                            "syncs through (by default it is <clone>/.cache/fleetclaims: run "
+                            "fleetclaims there without --dir).")
         return os.path.abspath(os.path.join(probe or ".", done.stdout.decode().strip()))
     return done.stdout.decode().strip()
 

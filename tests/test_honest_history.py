@@ -578,3 +578,28 @@ def test_the_key_seals_the_anchor_against_a_forger_who_rewrites_it(tmp_path: Pat
         assert (done.returncode == 5) is keyed, (keyed, done.stdout)
         if keyed:
             assert "seal of your key" in done.stdout
+
+
+def test_a_resealed_grant_below_the_high_water_is_named_in_words(tmp_path: Path) -> None:
+    """A forged line, sealed onto the chain, granting a fence at or below one already handed
+    out: the refusal says what is wrong in words ("grant of fence 1 after high-water 2"), not
+    as a Python repr (ValueError('...'))."""
+    from fc_support import append_raw, journal_lines
+
+    from fleetclaims.core.chain import envelope, seal
+
+    d = tmp_path / "r"
+    reg = Registry(d)
+    reg.claim("t", owner="a")
+    reg.claim("u", owner="a")
+    reg.close()
+    lines, _ = journal_lines(d)
+    last = orjson.loads(lines[-1])
+    forged = {k: v for k, v in last.items() if k not in ("seq", "ts", "prev", "hash")}
+    forged.update(task="v", fence=1)
+    line, _ = seal(orjson.dumps(envelope(last["seq"] + 1, last["ts"] + 1, forged, last["hash"])))
+    append_raw(d / "audit.jsonl", line)
+    with pytest.raises(AuditCorrupt) as info:
+        Registry(d).claim("w", owner="x")
+    assert "grant of fence 1 after high-water 2" in str(info.value)
+    assert "ValueError(" not in str(info.value)

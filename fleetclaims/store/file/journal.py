@@ -65,7 +65,7 @@ def apply_checked(state: State, event: dict[str, Any], offset: int, path: str) -
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise AuditCorrupt(
             path, seq=int(event.get("seq", state.seq + 1)), offset=offset,
-            reason=f"event cannot be applied: {exc!r}",
+            reason=f"event cannot be applied: {_why(exc)}",
         ) from None
 
 
@@ -114,6 +114,14 @@ def seq_of(line: bytes) -> int | None:
         return int(line[7:end])
     except ValueError:
         return None
+
+
+def _why(exc: BaseException) -> str:
+    """What was wrong with an event, in words: a ValueError's own message ("grant of fence 2
+    after high-water 3"), a missing member by name; never a Python repr."""
+    if isinstance(exc, KeyError):
+        return f"the member {exc.args[0]!r} is missing" if exc.args else "a member is missing"
+    return str(exc) or type(exc).__name__
 
 
 

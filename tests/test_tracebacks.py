@@ -562,3 +562,16 @@ def test_a_malformed_postgresql_url_is_a_validation_error(url: str) -> None:
     with pytest.raises(ValidationError, match="not a valid PostgreSQL URL") as info:
         fleetclaims.Registry(url)
     assert "secret" not in str(info.value)
+
+
+def test_json_without_a_command_answers_a_json_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """`fleetclaims --json` alone printed the help text on stdout (not JSON), exit 2."""
+    import json
+
+    from fleetclaims.cli import main
+
+    assert main(["--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"] == "invalid" and doc["field"] == "command"
+    assert main([]) == 2
+    assert "usage:" in capsys.readouterr().out  # (without --json: the help, as before)

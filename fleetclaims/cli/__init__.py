@@ -251,6 +251,10 @@ def _main(argv: list[str]) -> int:
         Parser.json_errors = False
     args.cmd = cmd
     if not args.command:
+        if args.json:  # (a script asked for a JSON answer: an error document, not the help)
+            return report_error(True, ValidationError(
+                "command", "is missing: fleetclaims [options] COMMAND ... (`fleetclaims "
+                "--help` lists them)"))
         parser.print_help()
         return EXIT_USAGE
     name = canonical(args.command)

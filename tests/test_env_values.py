@@ -142,3 +142,12 @@ def test_a_command_on_what_a_registry_records_creates_none(tmp_path: Path,
     assert not typo.exists(), (done.returncode, done.stderr, os.listdir(typo))
     # The path stays usable: a first claim there is a first run, not lost history.
     assert cli(typo, "--dir", str(typo), "claim", "t1", "--owner", "a").returncode == 0
+
+
+def test_an_empty_claim_token_is_refused(tmp_path: Path) -> None:
+    """`claim --token ""` (an unset shell variable) made a random token, so the retry it was
+    meant for conflicted with its own claim (exit 3); it is a usage error, nothing claimed."""
+    d = tmp_path / "r"
+    done = cli(d, "claim", "t1", "--owner", "a", "--token", "")
+    assert done.returncode == 2 and "token" in done.stderr, done.stderr
+    assert not d.exists()

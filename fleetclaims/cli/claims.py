@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..core.durations import iso, relative
+from ..core.errors import ValidationError
 from .args import (
     AddParser,
     Handler,
@@ -171,6 +172,10 @@ def cmd_claim(args: argparse.Namespace, out: Out) -> int:
     reg = registry(args)
     # The token is minted here, before anything is sent: when the server goes away with the
     # outcome unknown, it is the caller's only way to learn whether the claim was granted.
+    if args.token is not None and not args.token:  # (an unset shell variable: a random
+        # token would make the retry it was meant for conflict with its own claim)
+        raise ValidationError("token", "is empty: give the token to retry with, or leave "
+                              "--token out to have one made")
     minted = args.token or new_token()
     try:
         c = reg.claim(args.task, owner=owner_of(args), ttl=args.ttl, note=args.note,

@@ -151,3 +151,17 @@ def test_an_empty_claim_token_is_refused(tmp_path: Path) -> None:
     done = cli(d, "claim", "t1", "--owner", "a", "--token", "")
     assert done.returncode == 2 and "token" in done.stderr, done.stderr
     assert not d.exists()
+
+
+def test_a_cut_off_json_result_is_refused_not_kept_as_text(tmp_path: Path) -> None:
+    """--result '{"pr": 17' (a cut-off object) was stored as the string; it is refused and
+    the claim stays held; plain text is still kept as text."""
+    d = tmp_path / "r"
+    claimed = cli(d, "claim", "t1", "--owner", "a", "--json")
+    token = json.loads(claimed.stdout)["token"]
+    done = cli(d, "complete", "t1", "--token", token, "--result", '{"pr": 17')
+    assert done.returncode == 2 and "JSON" in done.stderr, done.stderr
+    held = json.loads(cli(d, "get", "t1", "--json").stdout)
+    assert held["state"] == "active"
+    assert cli(d, "complete", "t1", "--token", token, "--result", "merged as 1f3e").returncode == 0
+    assert json.loads(cli(d, "get", "t1", "--json").stdout)["result"] == "merged as 1f3e"

@@ -242,7 +242,9 @@ def token(args: argparse.Namespace) -> str:
 
 
 def json_arg(field: str, text: str | None, *, plain_ok: bool) -> Any:
-    """``text`` parsed as JSON; with ``plain_ok``, text that is not JSON is kept as a string."""
+    """``text`` parsed as JSON; with ``plain_ok``, text that is not JSON is kept as a string,
+    unless it opens like a JSON object or array (a cut-off '{"pr": 17' is a mistake, not
+    text to keep)."""
     if text is None:
         return None
     from ..core import validate
@@ -250,6 +252,7 @@ def json_arg(field: str, text: str | None, *, plain_ok: bool) -> Any:
     try:
         return validate.json_text(field, text)
     except ValidationError as exc:
-        if plain_ok and exc.reason == "is not valid JSON":
+        if plain_ok and exc.reason == "is not valid JSON" and not text.lstrip().startswith(
+                ("{", "[")):
             return text
         raise

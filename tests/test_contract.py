@@ -241,6 +241,11 @@ def test_complete_then_claim_refused_until_reopen(registry: Registry) -> None:
     done = registry.complete("t1", token=c.token or "", result={"pr": 7})
     assert done.state == "completed" and done.result == {"pr": 7}
     assert registry.complete("t1", token=c.token or "").state == "completed"  # idempotent retry
+    again = registry.complete("t1", token=c.token or "", result={"pr": 7})
+    assert again.result == {"pr": 7}  # the same call again: a retry
+    with pytest.raises(ValidationError, match="another result"):  # not a retry: would be lost
+        registry.complete("t1", token=c.token or "", result={"pr": 8})
+    assert registry.get("t1").result == {"pr": 7}  # type: ignore[union-attr]
     with pytest.raises(TaskCompleted):
         registry.claim("t1", owner="b")
     assert registry.reopen("t1", reason="regression") is not None

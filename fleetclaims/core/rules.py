@@ -22,6 +22,7 @@ from .errors import (
     NotHolder,
     PathConflict,
     TaskCompleted,
+    ValidationError,
 )
 from .model import ACTIVE, COMPLETED, DEFAULT_PHASE, EXPIRED, Claim, Identity, Now, Verdict
 from .model import UNKNOWN_VERDICT as UNKNOWN
@@ -389,6 +390,10 @@ def decide_renew(state: State, task: str, token_hash: str, ttl: float | None, no
 def decide_complete(state: State, task: str, token_hash: str, result: Any, now: Now) -> Decision:
     current = state.claims.get(task)
     if current is not None and current.state == COMPLETED and current.token_hash == token_hash:
+        if result is not None and result != current.result:  # (not a retry: it would be lost)
+            return Decision(error=ValidationError(
+                "result", f"{task} was completed already, with another result; that one "
+                "stays (reopen the task to record a new one)"))
         return Decision()  # retried completion: already done
     claim, refusal = holder_check(state, task, token_hash, now)
     if claim is None:

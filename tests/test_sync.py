@@ -16,7 +16,7 @@ from gitremote import git, git_daemon, registry_dir, remote_with_clones
 
 from fleetclaims import Registry
 from fleetclaims.cli import main
-from fleetclaims.core.errors import RemoteRewritten, RemoteUnavailable
+from fleetclaims.core.errors import HistoryLost, RemoteRewritten, RemoteUnavailable
 from fleetclaims.sync.history import JOURNAL_NS
 
 pytestmark = pytest.mark.integration
@@ -110,6 +110,8 @@ def test_git_clean_brings_the_history_back_from_the_remote(tmp_path: Path) -> No
     git("clean", "-q", "-fdx", cwd=a)
     assert not os.path.exists(registry_dir(a))
     fresh = Registry(registry_dir(a))
+    with pytest.raises(HistoryLost, match="fleetclaims sync` brings its history back"):
+        fresh.claims()  # (any other command first: refused, and it says what works)
     report = fresh.sync("origin")
     assert report.restored == len(published) and report.published is None
     assert fresh.store.read().origin == origin and _events(fresh) == published

@@ -362,8 +362,9 @@ class HistoryLost(RegistryCorrupt):
         self.fence = fence
         what = ("Run `fleetclaims doctor --fix` to restore what can be restored (the fences go "
                "on above the recorded ones), or `fleetclaims init --new-history`"
-               if restorable else "Nothing is left to restore: run "
-               "`fleetclaims init --new-history`")
+               if restorable else "Nothing is left here to restore from: if this registry "
+               "was synced through a git remote, `fleetclaims sync` brings its history back "
+               "byte for byte; else run `fleetclaims init --new-history`")
         super().__init__(
             path, reason,
             # (``fix``: what to do when the anchor itself cannot say what it recorded)

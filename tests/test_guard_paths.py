@@ -201,3 +201,30 @@ def test_reservations_are_refused_on_a_remote_lease(agents: tuple[Agent, Agent, 
     refused = a.fc("claim", "t", "--remote", "origin", "--paths", "src")
     assert refused.returncode == 2 and "remote" in refused.stderr, refused.stderr
     assert b.fc("claim", "u", "--paths", "src/parser").returncode == 0
+
+
+def test_the_guard_fails_closed_on_a_damaged_journal(tmp_path: Path) -> None:
+    """A damaged journal line before a reservation: the verified state shows no reservation,
+    and a change touching the reserved files passed (exit 0). The guard now refuses every
+    change while the registry is damaged, saying what to run."""
+    from fleetclaims import Registry
+    from fleetclaims.agents import guard_paths
+
+    d = tmp_path / "r"
+    reg = Registry(d, durability="process")
+    reg.claim("first", owner="zed")
+    reg.store.checkpoint()  # type: ignore[attr-defined]  # (the damage must follow the snapshot)
+    early = (d / "claims.json").read_bytes()
+    reg.claim("second", owner="zed")
+    reg.claim("lx", owner="ana", paths=["src/parser"])
+    reg.close()
+    (d / "claims.json").write_bytes(early)  # (as a writer killed before its checkpoint left it)
+    path = d / "audit.jsonl"
+    data = bytearray(path.read_bytes())
+    at = data.index(b'"task":"second"')
+    data[at + 9] = ord("X")
+    path.write_bytes(bytes(data))
+    damaged = Registry(d)
+    assert damaged.get("lx") is None  # (what the damage hides)
+    found = guard_paths.check(damaged, ["src/parser/lexer.py"], {})
+    assert not found.ok and found.code == "audit_corrupt" and "doctor" in found.next_action

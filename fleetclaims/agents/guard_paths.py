@@ -110,6 +110,14 @@ def check(reg: Registry, paths: Iterable[str], env: Mapping[str, str], *,
                                reason=f"{name} is not valid: {exc.reason}",
                                next_action=f"Fix or unset {name}.")
     state = reg.store.read()
+    damage = getattr(reg.store, "damage", None)
+    if damage is not None:  # (fail closed: what the damage hides may reserve these paths)
+        return GuardResult(
+            False, None, code="audit_corrupt",
+            reason=f"the registry is damaged, and reservations recorded after the damage "
+            f"cannot be seen ({damage})",
+            next_action="Run `fleetclaims doctor`, then `fleetclaims doctor --fix`; until then "
+            "the guard lets no change through.")
     now = reg._now()
     index = reserve.index(state)
     count = 0

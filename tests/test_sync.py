@@ -348,8 +348,8 @@ def test_two_syncs_of_one_registry_at_once_both_succeed(tmp_path: Path) -> None:
         procs = [subprocess.Popen([sys.executable, "-m", "fleetclaims", "sync", "origin"],
                                   cwd=a, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for _ in range(2)]
-        for proc in procs:
-            out, err = proc.communicate(timeout=120)
+        answers = [proc.communicate(timeout=120) for proc in procs]
+        for proc, (out, err) in zip(procs, answers, strict=True):
             assert proc.returncode == 0, f"round {i}: {out}{err}"
     rb.sync("origin")
     for reg in (ra, rb):

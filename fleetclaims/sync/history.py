@@ -18,7 +18,6 @@ reach. Offline, the fetch fails first: ``RemoteUnavailable`` and nothing changed
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import os
@@ -127,47 +126,50 @@ def sync(reg: Registry, remote: str | None = None, *, actor: str = "sync",
     remote = remote or git.default_remote()
     if remote.startswith("-"):
         raise ValidationError("remote", "must be a remote name or URL", value=remote)
-    with _one_sync_at_a_time(reg):
+    with _one_sync_at_a_time(git):
         return _sync(reg, git, remote, actor, accept_rewritten)
 
 
-_SYNC_BYTE = (1 << 20) + 2  # of claims.lock (rest.SETTLE_BYTE is two bytes before)
-_SYNC_WAIT = 300.0  # seconds a sync waits for another sync of the same registry
+_SYNC_WAIT = 300.0  # seconds a sync waits for another sync of the same repository
 _THREADS = threading.Lock()
 
 
 @contextlib.contextmanager
-def _one_sync_at_a_time(reg: Registry) -> Iterator[None]:
-    """Syncs of one registry run one after the other (agents in worktrees of one clone share
-    its registry): two at once raced on the local refs of what was seen, and one read the
-    other's half-updated refs as a rewritten remote (a false RemoteRewritten) or lost a ref
-    lock (`cannot lock ref`, reported as the network). A POSIX record lock on one byte of
-    claims.lock between processes, a mutex between threads; the second sync then fetches
-    what the first published and goes on."""
-    path = os.path.join(reg.location, "claims.lock")
-    try:
-        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        fd = -1  # (no registry yet, or read-only: the sync itself says what is wrong)
+def _one_sync_at_a_time(git: Git) -> Iterator[None]:
+    """Syncs through one repository run one after the other (agents in worktrees of one clone
+    share its registry and its refs of what was seen): two at once read each other's
+    half-updated refs as a rewritten remote (a false RemoteRewritten) or lost a ref lock
+    (`cannot lock ref`, reported as the network). An flock on ``fleetclaims-sync.lock`` in the
+    repository's common git directory (beside the refs it guards; never a registry file: a
+    POSIX lock there was dropped whenever another descriptor of that file closed), a mutex
+    between threads; the second sync then fetches what the first published and goes on."""
+    done = git.run(["rev-parse", "--git-common-dir"], check=False)
+    common = done.stdout.decode().strip() if done.returncode == 0 else ""
+    fd = -1
+    if common:
+        path = os.path.join(git.cwd, common) if not os.path.isabs(common) else common
+        try:
+            fd = os.open(os.path.join(path, "fleetclaims-sync.lock"),
+                         os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError:
+            fd = -1  # (a read-only repository: the sync itself says what is wrong)
     deadline = time.monotonic() + _SYNC_WAIT
     with _THREADS:
         try:
             while fd >= 0:
                 try:
-                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _SYNC_BYTE)
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
-                except OSError as exc:
-                    if exc.errno not in (errno.EACCES, errno.EAGAIN):
-                        break
+                except BlockingIOError:
                     if time.monotonic() >= deadline:
                         raise RegistryBusy(
-                            reg.location, _SYNC_WAIT, holder="another sync of this registry",
-                        ) from None
+                            os.path.join(common, "fleetclaims-sync.lock"), _SYNC_WAIT,
+                            holder="another sync through this repository") from None
                     time.sleep(0.05)
             yield
         finally:
             if fd >= 0:
-                os.close(fd)  # (releases the byte)
+                os.close(fd)  # (releases the flock)
 
 
 def _sync(reg: Registry, git: Git, remote: str, actor: str,

@@ -124,3 +124,31 @@ def test_a_lease_ended_before_the_other_grant_is_stale_in_a_merge(tmp_path: Path
     assert [c.rule for c in plan.conflicts] in ([], ["not stale before stale"])
     for reg in (a, b):
         reg.close()
+
+
+def test_a_release_of_a_grant_another_side_re_fenced_stays_released(tmp_path: Path) -> None:
+    """A claims t; C claims it later apart and merges A: A's grant wins and is re-granted a
+    higher fence there. A, not knowing, releases its grant; the two meet again. The release
+    stands on both sides (C's re-fenced copy of that same grant won by "held before
+    released": the task was held again, by a holder that had let it go, on every clone)."""
+    clock = FakeClock()
+    a = Registry(tmp_path / "a", clock=clock, prober=FakeProber())
+    c = Registry(tmp_path / "c", clock=clock, prober=FakeProber())
+    for i in range(3):  # (C's fence counter runs ahead: A's grant is re-fenced there)
+        c.claim(f"pad{i}", owner="carl")
+    token = a.claim("t", owner="ana", ttl=600).token
+    assert token is not None
+    clock.advance(0.2)
+    c.claim("t", owner="carl", ttl=600)
+    c.merge(tmp_path / "a")
+    kept = c.get("t")
+    assert kept is not None and kept.owner == "ana" and kept.live and kept.fence > 1
+    assert a.release("t", token=token)
+    a.merge(tmp_path / "c")
+    c.merge(tmp_path / "a")
+    for reg in (a, c):
+        got = reg.get("t")
+        assert got is not None and got.owner == "ana" and not got.live, got
+        assert got.fence >= kept.fence  # (fences never go back)
+    assert c.claim("t", owner="bob").fence > kept.fence  # free for the next holder
+    assert a.merge(tmp_path / "c").conflicts == ()

@@ -81,10 +81,12 @@ def _regranted(win: Claim, lose: Claim, floor: int) -> int | None:
 
 
 
-def _latest(claim: Claim) -> tuple[int, float, float, bytes]:
-    """Which of two records of one grant is the later one (a total order of recorded fields:
-    the higher fence, then the later renewal and expiry, then the event id)."""
-    return (claim.fence, claim.renewed_at or 0.0, claim.expires_at or 0.0, claim.eid.encode())
+def _grant_order(claim: Claim) -> tuple[int, int, float, float, bytes]:
+    """Which of two records of one grant is the later one (a total order of recorded fields):
+    one that ended it (a grant's life runs one way: held, then released, completed or expired),
+    then the higher fence, the later renewal and expiry, the event id."""
+    return (0 if claim.live else 1, claim.fence, claim.renewed_at or 0.0,
+            claim.expires_at or 0.0, claim.eid.encode())
 
 
 def _rank(claim: Claim) -> int:
@@ -147,15 +149,19 @@ def plan_merge(
             continue
         # Concurrent histories: settle by rank, then by the resolver order.
         same = False
-        if _rank(a) != _rank(b):
+        if a.token_hash and a.token_hash == b.token_hash:
+            # One grant seen through two histories (one side ended it, the other re-granted it
+            # a fence in a merge; or both sides merged the same pair): no conflict, its holder
+            # is not superseded by itself, and a grant its holder ended stays ended (a release
+            # beat by "held before released" brought the claim back on every clone).
+            same = True
+            win, lose = (a, b) if _grant_order(a) >= _grant_order(b) else (b, a)
+            if lose.fence > win.fence:  # (fences never go back)
+                win = replace(win, fence=lose.fence)
+            rule = "same grant"
+        elif _rank(a) != _rank(b):
             win, lose = (a, b) if _rank(a) < _rank(b) else (b, a)
             rule = "completed before held before released"
-        elif a.token_hash and a.token_hash == b.token_hash:
-            # One grant seen through two histories (both sides merged the same pair, each
-            # recording it anew): no conflict, and its holder is not superseded by itself.
-            same = True
-            win, lose = (a, b) if _latest(a) >= _latest(b) else (b, a)
-            rule = "same grant"
         else:
             order, rule = compare(a, stale_against(a, b), b, stale_against(b, a))
             win, lose = (a, b) if order <= 0 else (b, a)

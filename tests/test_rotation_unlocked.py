@@ -189,3 +189,93 @@ def test_the_idle_keeper_finishes_a_rotation(tmp_path: Path, small: list[int],
     assert [json.loads(x)["seq"] for x in lines] == list(range(1, len(lines) + 1))
     assert claims_view(reg.store.read()) == claims_view(replay(lines))
     reg.close()
+
+
+_ROTATOR = r"""
+import os, sys, time
+from pathlib import Path
+os.environ.pop("FLEETCLAIMS_NO_FORK", None)
+from fleetclaims.store.file import preseal, rotation, segments
+segments.SEGMENT_BYTES = 16_000
+segments.BLOCK = 2_000
+preseal.ENABLED = False
+import fleetclaims
+d, flags = Path(sys.argv[1]), Path(sys.argv[2])
+reg = fleetclaims.Registry(d, durability="process")
+n = 0
+while rotation._PENDING.get(reg.store) is None:  # sealed; its child writes the snapshot
+    n += 1
+    reg.claim(f"b{n}", owner="b", ttl=60)
+(flags / "ready").touch()
+while not (flags / "go").exists():
+    time.sleep(0.005)
+first = lambda: int((d / "audit.jsonl").read_bytes().split(b'"seq":', 1)[1].split(b",", 1)[0])
+deadline = time.monotonic() + 30
+while first() == 1 and time.monotonic() < deadline:
+    n += 1
+    reg.claim(f"b{n}", owner="b", ttl=60)
+    time.sleep(0.01)
+segments.SEGMENT_BYTES = 1 << 30  # the new journal grows past the old one's offsets
+while (d / "audit.jsonl").stat().st_size < 60_000:
+    n += 1
+    reg.claim(f"b{n}", owner="b", ttl=60)
+(flags / "done").touch()
+os._exit(0)  # (killed: nothing of its own left at rest over what it found)
+"""
+
+
+def test_a_rotation_cannot_switch_between_an_unlocked_checkpoints_check_and_rename(
+        tmp_path: Path) -> None:
+    """The race the directory flock closes (lock.swapping): another process's rotation replaced
+    claims.json and the journal after this checkpoint checked that its journal was still the
+    active one and before it renamed, so a snapshot of the old journal landed on the new one
+    and the next writer quarantined it (registry_rebuilt). Here the checkpoint stops between
+    its check and its rename while the other process rotates: the rotation waits for the
+    rename (or leaves the switch for its next operation), and every file at rest fits."""
+    import subprocess
+    import sys
+
+    from fleetclaims.store.file import faults
+
+    d, flags = tmp_path / "r", tmp_path / "flags"
+    flags.mkdir()
+    a = fleetclaims.Registry(d, durability="process")
+    a.claim("a0", owner="a", ttl=60)
+    rotator = subprocess.Popen([sys.executable, "-c", _ROTATOR, str(d), str(flags)])
+    try:
+        deadline = time.monotonic() + 30
+        while not (flags / "ready").exists() and time.monotonic() < deadline:
+            assert rotator.poll() is None
+            time.sleep(0.01)
+        a.claim("a1", owner="a", ttl=60)  # A's state: past the sealed head, in the old journal
+        store = a.store
+        assert store._offset > store._snap_offset  # type: ignore[attr-defined]
+
+        def hook(name: str) -> None:
+            if name == "snapshot.before_rename":
+                (flags / "go").touch()
+                until = time.monotonic() + 4  # (the rotation finishes meanwhile, unless held)
+                while not (flags / "done").exists() and time.monotonic() < until:
+                    time.sleep(0.01)
+
+        faults.set_crash_hook(hook)
+        try:
+            store._checkpoint(unlocked=True)  # type: ignore[attr-defined]
+        finally:
+            faults.set_crash_hook(None)
+        assert (flags / "go").exists()  # (it did stop between its check and its rename)
+        assert rotator.wait(timeout=60) == 0
+    finally:
+        if rotator.poll() is None:
+            rotator.kill()
+    assert _first_seq(d) > 1  # switched
+    fresh = fleetclaims.Registry(d)
+    fresh.claim("after", owner="c", ttl=60)  # a writer loads what is at rest
+    assert fresh.verify().ok and fresh.get("a1") is not None
+    lines = whole_journal(d)
+    assert b"registry_rebuilt" not in b"".join(lines)
+    assert claims_view(fresh.store.read()) == claims_view(replay(lines))
+    assert fresh.store.damage is None  # type: ignore[attr-defined]
+    assert not (d / "quarantine").exists(), os.listdir(d / "quarantine")
+    fresh.close()
+    a.close()

@@ -276,3 +276,44 @@ def write_anchor_mark(path: Path, data: bytes) -> None:
         os.pwrite(fd, data.ljust(ANCHOR_SIZE - 1) + b"\n", ANCHOR_OFFSET)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def swapping(directory: Path, wait: float) -> Iterator[bool]:
+    """Hold the registry directory's own flock for the block (yields False when another
+    descriptor held it for ``wait`` seconds: a stopped process must not hold the registry up).
+
+    A checkpoint written without the registry lock (a forked child's, the settle helper's)
+    checks that the journal it was taken of is still the active one, then renames over
+    claims.json; a rotation (under the registry lock) replaces claims.json and then the
+    journal. Checked and renamed while a rotation ran between the two, a stale snapshot landed
+    on the new journal and the next writer quarantined it (registry_rebuilt on a healthy busy
+    registry). Both hold this lock across their check-and-rename and replace-and-switch. A
+    flock on the directory: no file of its own, held per open descriptor (a POSIX record lock
+    is dropped when its process closes any descriptor of the file), excluding two handles of
+    one process too."""
+    if fcntl is None:  # pragma: no cover - Windows
+        yield True
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        yield True  # (the folder is gone: the caller's own checks refuse what follows)
+        return
+    try:
+        deadline = time.monotonic() + wait
+        pause = 0.0005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(pause)
+                pause = min(pause * 2, 0.02)
+        yield True
+    finally:
+        os.close(fd)  # (releases the flock)

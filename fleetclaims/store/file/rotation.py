@@ -41,6 +41,7 @@ from ...system import background_priority, pid_exists
 from . import anchor, fsutil, preseal, rest, segments
 from .faults import FAULTS, crash_point, osc
 from .journal import seq_of
+from .lock import swapping
 from .reader import find_offset
 from .snapshot import encode_snapshot, snapshot_seq, write_snapshot
 
@@ -58,6 +59,9 @@ SIDE_PREFIX = "claims.json.rot-"
 # seconds, and the lines written meanwhile are megabytes), once: what follows it is sealed
 # here (a second helper takes ~0.2 s, so another round would leave as much again).
 RESEAL_MIN = 256 << 10
+# Seconds a rotation (holding the registry lock) waits for an unlocked checkpoint's rename
+# (lock.swapping: milliseconds) before leaving its switch for later.
+SWITCH_WAIT = 2.0
 
 
 @dataclass
@@ -141,9 +145,12 @@ def rotate(store: CatchUp) -> None:
                                    _head(state))
         return
     snap = encode_snapshot(state, 0)  # (no child: written here, under the lock)
-    write_snapshot(store.directory, store.snapshot_path, snap, sync=sync)
-    crash_point("segment.after_snapshot")
-    _switch(store, sync, b"")
+    with swapping(store.directory, SWITCH_WAIT) as held:
+        if not held:  # (sealed, not switched: the next rotation finishes it)
+            return
+        write_snapshot(store.directory, store.snapshot_path, snap, sync=sync)
+        crash_point("segment.after_snapshot")
+        _switch(store, sync, b"")
     store._snap_offset = 0
     store._snap_size = len(snap)
     crash_point("segment.after_switch")
@@ -228,15 +235,20 @@ def _finish(store: CatchUp, pending: _Pending, *, block: bool = False) -> bool |
         return None
     sync = bool(getattr(store, "sync", True))
     size = os.path.getsize(pending.side)
-    # The replaced claims.json (~40 MB at 100,000 claims) is freed when its last descriptor
-    # closes (~17 ms on ext4): closed off the lock.
-    old = fsutil.replace_over(pending.side, store.snapshot_path)
-    if old >= 0:
-        _close_later(old)
-    if sync:
-        fsutil.fsync_dir(store.directory)
-    crash_point("segment.after_snapshot")
-    _switch(store, sync, tail)
+    with swapping(store.directory, SWITCH_WAIT) as held:
+        if not held:  # (sealed, not switched: the next rotation starts again)
+            with contextlib.suppress(OSError):
+                os.unlink(pending.side)
+            return None
+        # The replaced claims.json (~40 MB at 100,000 claims) is freed when its last
+        # descriptor closes (~17 ms on ext4): closed off the lock.
+        old = fsutil.replace_over(pending.side, store.snapshot_path)
+        if old >= 0:
+            _close_later(old)
+        if sync:
+            fsutil.fsync_dir(store.directory)
+        crash_point("segment.after_snapshot")
+        _switch(store, sync, tail)
     store._snap_offset = 0
     store._snap_size = size
     crash_point("segment.after_switch")

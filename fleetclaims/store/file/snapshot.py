@@ -27,6 +27,7 @@ from ...system import pid_exists
 from . import fsutil
 from .faults import crash_point, osc
 from .journal import line_before
+from .lock import swapping
 from .snapshot_table import (
     Packer,
     Section,
@@ -59,6 +60,9 @@ _CLAIMS_OPEN = b',\n"claims":{\n'
 _ENDED_OPEN = b'\n},\n"ended":{\n'
 _SECTION_CLOSE = b"\n}"
 _TASKS_OPEN = b',\n"tasks":'
+
+#: seconds a checkpoint written without the registry lock waits for a rotation's switch
+SWAP_WAIT = 5.0
 
 
 @dataclass
@@ -440,14 +444,18 @@ def anchor_problem(fd: int, snapshot: Snapshot) -> str | None:
 
 def write_snapshot(directory: Path, target: Path, data: bytes, *, sync: bool,
                    unless_seq: int | None = None,
-                   unless: Callable[[], bool] | None = None) -> bool:
+                   unless: Callable[[], bool] | None = None,
+                   guard: Path | None = None) -> bool:
     """Write ``data`` to ``target`` by temp file + fsync + rename + directory fsync.
 
     ``unless_seq``: give up (False) when the snapshot already there has at least this seq (a
     checkpoint written outside the lock may race another process's, and must never replace a
     newer one); ``unless``: give up when it says so just before the rename (the journal it
-    was taken of was replaced meanwhile: a rotation). Raises OSError (or FleetclaimsError)
-    after removing the temp file."""
+    was taken of was replaced meanwhile: a rotation); ``guard``: the registry directory of a
+    writer without the registry lock, whose check and rename hold its flock (lock.swapping:
+    a rotation cannot replace claims.json and the journal in between; False when a stopped
+    process held it too long). Raises OSError (or FleetclaimsError) after removing the temp
+    file."""
     tmp = directory / f"{TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
     try:
         fd = fsutil.open_file(tmp, os.O_WRONLY | os.O_EXCL, create=True)
@@ -466,11 +474,14 @@ def write_snapshot(directory: Path, target: Path, data: bytes, *, sync: bool,
         finally:
             os.close(fd)
         crash_point("snapshot.after_fsync")
-        if (unless_seq is not None and snapshot_seq(target) >= unless_seq) or (
-                unless is not None and unless()):
-            os.unlink(tmp)
-            return False
-        replaced = fsutil.replace_over(tmp, target)
+        with swapping(guard, SWAP_WAIT) if guard is not None else contextlib.nullcontext(
+                True) as held:
+            if not held or (unless_seq is not None and snapshot_seq(target) >= unless_seq) or (
+                    unless is not None and unless()):
+                os.unlink(tmp)
+                return False
+            crash_point("snapshot.before_rename")
+            replaced = fsutil.replace_over(tmp, target)
         try:
             crash_point("snapshot.after_rename")
             if sync:

@@ -537,7 +537,8 @@ class FileStore(History):
         try:
             written = write_snapshot(self.directory, self.snapshot_path, data, sync=self.sync,
                                      unless_seq=self._state.seq if unlocked else None,
-                                     unless=forked.moved_since(self))
+                                     unless=forked.moved_since(self),
+                                     guard=self.directory if unlocked else None)
         except (OSError, FleetclaimsError) as exc:
             again = str(self.last_checkpoint_error) == str(exc)  # (told once, not every op)
             self.last_checkpoint_error = exc if isinstance(exc, OSError) else OSError(str(exc))

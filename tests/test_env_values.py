@@ -165,3 +165,19 @@ def test_a_cut_off_json_result_is_refused_not_kept_as_text(tmp_path: Path) -> No
     assert held["state"] == "active"
     assert cli(d, "complete", "t1", "--token", token, "--result", "merged as 1f3e").returncode == 0
     assert json.loads(cli(d, "get", "t1", "--json").stdout)["result"] == "merged as 1f3e"
+
+
+@pytest.mark.parametrize("under", ["x", "x/y"])
+def test_a_write_under_a_file_says_a_parent_is_a_file(tmp_path: Path, under: str) -> None:
+    """--dir FILE/x for a write: UnsafeRegistry "a parent of the registry path is a file" (it
+    was DurabilityError "Not a directory ... fix the cause (disk space, permissions,
+    hardware)")."""
+    f = tmp_path / "afile"
+    f.write_text("x")
+    target = f / under
+    for args in (["claim", "z", "--owner", "o"], ["add", "q1"]):
+        done = cli(target, "--dir", str(target), "--json", *args)
+        assert done.returncode == 1, done.stderr
+        assert "a parent of the registry path is a file" in done.stderr
+        assert json.loads(done.stdout)["error"] == "unsafe"
+    assert f.read_text() == "x"

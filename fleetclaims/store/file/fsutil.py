@@ -35,10 +35,17 @@ def check_directory(path: Path, *, create: bool, others_ok: bool = False) -> int
     ours), and the caller opens it read-only and refuses writes."""
     try:
         st = os.lstat(path)
+    except NotADirectoryError:  # (a file where a parent folder should be)
+        raise UnsafeRegistry(str(path), "a parent of the registry path is a file, not a "
+                             "directory") from None
     except FileNotFoundError:
         if not create:
             raise
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except (NotADirectoryError, FileExistsError):
+            raise UnsafeRegistry(str(path), "a parent of the registry path is a file, not a "
+                                 "directory") from None
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
         st = os.lstat(path)

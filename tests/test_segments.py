@@ -513,3 +513,34 @@ def test_a_page_deep_in_the_history_reads_only_from_its_member(
     assert [e.seq for e in reg.events(after=sealed[-2].last - 1, limit=3).events] == everything[
         sealed[-2].last - 1:sealed[-2].last + 2]
     reg.close()
+
+
+KILLED_MID_ROTATION = """
+import sys, fleetclaims
+from fleetclaims.store.file import preseal, segments
+segments.SEGMENT_BYTES = 3000
+preseal.ENABLED = False
+r = fleetclaims.Registry(sys.argv[1])
+for i in range(60):
+    c = r.claim(f"t{i}", owner="w"); r.release(c.task, token=c.token)
+"""
+
+
+@pytest.mark.parametrize("point", ["segment.after_seal:2", "segment.after_compress:2"])
+def test_doctor_agrees_with_verify_after_a_writer_killed_mid_rotation(tmp_path: Path,
+                                                                     point: str) -> None:
+    """Killed at its second rotation: the active journal's lines are sealed too and claims.json
+    is the first rotation's (offset 0). audit verify said anchored and doctor said the
+    snapshot's seq/offset/head did not match (exit 5): every sealed line reads at offset 0,
+    and doctor took the last one read for the snapshot's anchor."""
+    from fc_support import run_python
+
+    from fleetclaims.store.file import doctor
+
+    d = tmp_path / "r"
+    done = run_python(KILLED_MID_ROTATION, str(d), env={"FLEETCLAIMS_CRASH_AT": point,
+                                                       "FLEETCLAIMS_NO_FORK": "1"})
+    assert done.returncode != 0  # (killed at the crash point)
+    assert fleetclaims.Registry(d).verify().ok
+    report = doctor.check(d)
+    assert report.ok, report.to_dict()

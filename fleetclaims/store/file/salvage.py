@@ -127,8 +127,11 @@ def _apply_lines(fd: int, out: JournalScan, reader: JournalReader, snap_seq: int
         out.good_end = reader.offset
         if state.seq == snap_seq:  # (a shallow copy: claims are immutable)
             out.snap_claims = state.claims.copy()
-        if reader.offset == snap_offset or (state.seq == snap_seq and at_offset(
-                reader, (snap_seq, snap_offset, event["hash"]))):
+        # (the line of the snapshot's seq: a line of a sealed segment reads at offset 0, so
+        # an offset alone matched every sealed line of a snapshot at offset 0, and the last
+        # one read was taken for its anchor: doctor called a writer killed mid-rotation's
+        # registry unanchored while audit verify said anchored)
+        if state.seq == snap_seq and at_offset(reader, (snap_seq, snap_offset, event["hash"])):
             out.snap_anchor = event["hash"]
     if broken is None and reader.damage is not None:
         broken = reader.corrupt()

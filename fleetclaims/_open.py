@@ -38,6 +38,8 @@ def lock_timeout(value: object) -> float:
             return 10.0
         field = "FLEETCLAIMS_LOCK_TIMEOUT"
         try:
+            if not text.isascii():  # (float() takes Arabic-Indic or fullwidth digits too)
+                raise ValueError(text)
             value = float(text)
         except ValueError:
             raise ValidationError(field, "must be a number of seconds, e.g. 10 or 0.5",

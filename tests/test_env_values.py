@@ -65,6 +65,7 @@ def test_the_guard_refuses_a_bad_run_environment_without_an_internal_error(
     assert done.returncode == 2, done.stderr
     doc = json.loads(done.stdout)
     assert doc["ok"] is False and doc["code"] == "invalid" and said in doc["reason"]
+    assert doc["error"] == "invalid"  # (as every --json refusal names its code)
 
 
 def test_an_unusable_login_name_is_not_the_operators_problem(reg: Path) -> None:
@@ -181,3 +182,18 @@ def test_a_write_under_a_file_says_a_parent_is_a_file(tmp_path: Path, under: str
         assert "a parent of the registry path is a file" in done.stderr
         assert json.loads(done.stdout)["error"] == "unsafe"
     assert f.read_text() == "x"
+
+
+@pytest.mark.parametrize(("args", "env"), [
+    (["claim", "t1", "--owner", "a", "--ttl", "\u0661\u0662m"], {}),
+    (["claim", "t1", "--owner", "a", "--priority", "\uff11"], {}),
+    (["claims"], {"FLEETCLAIMS_LOCK_TIMEOUT": "\u0661\u0660"}),
+])
+def test_numbers_are_ascii_digits(tmp_path: Path, args: list[str], env: dict[str, str]) -> None:
+    """Arabic-Indic or fullwidth digits (int() and float() take them) were accepted as a
+    duration, a priority or the lock timeout: refused, exit 2."""
+    d = tmp_path / "r"
+    assert cli(d, "claim", "t0", "--owner", "a").returncode == 0
+    done = cli(d, *args, env=env)
+    assert done.returncode == 2, done.stderr
+    assert cli(d, "get", "t1").stdout.startswith("t1 has never been claimed")

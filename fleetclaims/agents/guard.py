@@ -34,8 +34,11 @@ class GuardResult:
     holder: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "task": self.task, "fence": self.fence, "code": self.code,
-                "reason": self.reason, "next_action": self.next_action, "holder": self.holder}
+        doc = {"ok": self.ok, "task": self.task, "fence": self.fence, "code": self.code,
+               "reason": self.reason, "next_action": self.next_action, "holder": self.holder}
+        if not self.ok:  # (as every other --json refusal: its code under "error" too)
+            doc["error"] = self.code
+        return doc
 
 
 @dataclass(frozen=True, slots=True)

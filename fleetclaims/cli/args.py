@@ -55,6 +55,16 @@ def dur(field: str) -> Callable[[str], float]:
     return parse
 
 
+def ascii_int(text: str) -> int:
+    """An argparse type for a whole number in ASCII digits (``int()`` also takes Arabic-Indic
+    or fullwidth ones, which no script means to send)."""
+    body = text.strip()
+    digits = body[1:] if body[:1] in ("+", "-") else body
+    if not (digits.isascii() and digits.isdigit()):
+        raise argparse.ArgumentTypeError(f"must be a whole number in ASCII digits (got {text!r})")
+    return int(body)
+
+
 def token_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=None,
                    help="the token from claim (default: $FLEETCLAIMS_TOKEN)")

@@ -12,6 +12,7 @@ from ..core.errors import ValidationError
 from .args import (
     AddParser,
     Handler,
+    ascii_int,
     dur,
     existing,
     json_arg,
@@ -68,7 +69,8 @@ def _add_write_parsers(add: AddParser) -> None:
     owner_option(p)
     p.add_argument("--ttl", type=dur("ttl"), default=600.0, help="lease length (default 10m)")
     p.add_argument("--note")
-    p.add_argument("--priority", type=int, default=100, help="lower wins duplicates (default 100)")
+    p.add_argument("--priority", type=ascii_int, default=100,
+                   help="lower wins duplicates (default 100)")
     p.add_argument("--metadata", help="a JSON object stored with the claim")
     p.add_argument("--token", help="choose the token yourself (makes retries idempotent)")
     p.add_argument("--take-stale", action="store_true",

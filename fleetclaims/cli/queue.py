@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.durations import relative
 from ..core.errors import ValidationError
-from .args import AddParser, Handler, dur, existing, reader, registry, writer
+from .args import AddParser, Handler, ascii_int, dur, existing, reader, registry, writer
 from .output import EXIT_OK, claim_doc, exit_code, listed_or_damaged, show_claim
 from .paths import paths_options
 from .who import actor_of, owner_of, owner_option, wait_option
@@ -45,7 +45,7 @@ def add_parsers(add: AddParser) -> None:
     p.add_argument("--title", help="a one-line summary shown by tasks, get, next and brief "
                    "('' clears it)")
     p.add_argument("--description", help="what to do, shown by get, next and brief")
-    p.add_argument("--priority", type=int, default=None,
+    p.add_argument("--priority", type=ascii_int, default=None,
                    help="lower numbers are handed out first (a new task: 100)")
     deps = p.add_mutually_exclusive_group()
     deps.add_argument("--after", "--depends-on", dest="depends_on", action="append",

@@ -7,7 +7,7 @@ import re
 from .errors import ValidationError
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)")  # (ASCII digits only)
 
 
 def parse_duration(text: str, field: str = "duration") -> float:
@@ -16,7 +16,7 @@ def parse_duration(text: str, field: str = "duration") -> float:
     if not value:
         raise ValidationError(field, "is empty; write e.g. 90s, 10m or 2h")
     try:
-        return float(value) if re.fullmatch(r"\d+(\.\d+)?", value) else _parts(value, field)
+        return float(value) if re.fullmatch(r"[0-9]+(\.[0-9]+)?", value) else _parts(value, field)
     except OverflowError:
         raise ValidationError(field, "is too large", value=text) from None
 
@@ -73,9 +73,9 @@ def parse_instant(text: str, now: float, field: str = "time") -> float:
     """An instant: epoch seconds, ISO 8601 (``2026-11-30T12:00``, UTC unless an offset is given),
     or a duration ago (``10m``, ``2h``, ``1d``)."""
     value = text.strip()
-    if re.fullmatch(r"\d{9,}(\.\d+)?", value):
+    if re.fullmatch(r"[0-9]{9,}(\.[0-9]+)?", value):
         return float(value)
-    if re.fullmatch(r"[\d.]+(ms|s|m|h|d|w)([\d.]+(ms|s|m|h|d|w))*", value.lower()):
+    if re.fullmatch(r"[0-9.]+(ms|s|m|h|d|w)([0-9.]+(ms|s|m|h|d|w))*", value.lower()):
         return now - parse_duration(value, field)
     try:
         from datetime import datetime, timezone

@@ -191,3 +191,27 @@ def open_one_chain(d: Path) -> Registry:
     assert report.ok and report.events == len(lines), report
     assert claims_view(reg.store.read()) == claims_view(replay(lines))
     return reg
+
+
+def forge_journal(directory: Path, extra: int = 0) -> None:
+    """Rewrite a registry's journal as a forger would: the first grant's owner changed to
+    mallory and the whole chain re-sealed (``extra`` copies of the last line more at its end,
+    numbered on), claims.json removed so no snapshot contradicts it."""
+    from fleetclaims.core.chain import seal
+
+    lines, _ = journal_lines(directory)
+    for _ in range(extra):
+        last = orjson.loads(lines[-1])
+        last["seq"] += 1
+        lines.append(orjson.dumps(last))
+    out, prev = [], "0" * 64
+    for i, line in enumerate(lines):
+        event = orjson.loads(line)
+        if i == 1:
+            event["owner"] = "mallory"
+        event["prev"] = prev
+        del event["hash"]
+        sealed, prev = seal(orjson.dumps(event))
+        out.append(sealed if sealed.endswith(b"\n") else sealed + b"\n")
+    (directory / "audit.jsonl").write_bytes(b"".join(out))
+    (directory / "claims.json").unlink()

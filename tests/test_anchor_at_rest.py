@@ -21,7 +21,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from fc_support import journal_lines, run_python
+from fc_support import forge_journal, journal_lines, run_python
 
 from fleetclaims import HistoryLost, Registry, SegmentDamaged
 from fleetclaims.store.file import anchor, doctor, segments
@@ -228,24 +228,6 @@ def test_a_rotation_snapshot_before_presealed_lines_is_not_quarantined(tmp_path:
 # --- an anchor deleted, overwritten or stripped of its seal ---------------------------------
 
 
-def _forge(d: Path) -> None:
-    """Re-seal the journal with the first grant's owner changed; drop the snapshot."""
-    from fleetclaims.core.chain import seal
-
-    lines, _ = journal_lines(d)
-    out, prev = [], "0" * 64
-    for i, line in enumerate(lines):
-        event = orjson.loads(line)
-        if i == 1:
-            event["owner"] = "mallory"
-        event["prev"] = prev
-        del event["hash"]
-        sealed, prev = seal(orjson.dumps(event))
-        out.append(sealed if sealed.endswith(b"\n") else sealed + b"\n")
-    (d / "audit.jsonl").write_bytes(b"".join(out))
-    (d / "claims.json").unlink()
-
-
 def _history(d: Path) -> None:
     reg = Registry(d)
     for t in ("a", "b", "c"):
@@ -263,7 +245,7 @@ def test_a_keyed_anchor_rewritten_without_the_key_is_refused_by_every_command(
     d = tmp_path / "r"
     _history(d)
     doc = orjson.loads(anchor.anchor_file(d).read_bytes())
-    _forge(d)
+    forge_journal(d)
     forged = journal_lines(d)[0][-1]
     doc["head"] = orjson.loads(forged)["hash"]
     anchor.anchor_file(d).write_bytes(orjson.dumps(doc))
@@ -295,7 +277,7 @@ def test_an_anchor_overwritten_or_deleted_is_refused_not_replaced(
     d = tmp_path / "r"
     _history(d)
     path = anchor.anchor_file(d)
-    _forge(d)
+    forge_journal(d)
     if junk is None:
         path.unlink()
     else:
@@ -319,7 +301,7 @@ def test_a_seal_stripped_from_a_keyed_anchor_is_refused(tmp_path: Path) -> None:
     d = tmp_path / "r"
     _history(d)
     doc = orjson.loads(anchor.anchor_file(d).read_bytes())
-    _forge(d)
+    forge_journal(d)
     doc["head"] = orjson.loads(journal_lines(d)[0][-1])["hash"]
     doc.pop("mac")
     anchor.anchor_file(d).write_bytes(orjson.dumps(doc))

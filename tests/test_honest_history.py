@@ -16,7 +16,15 @@ from typing import Any
 
 import orjson
 import pytest
-from fc_support import file_store, journal_lines, quarantined, replay, run_python, token_of
+from fc_support import (
+    file_store,
+    forge_journal,
+    journal_lines,
+    quarantined,
+    replay,
+    run_python,
+    token_of,
+)
 
 from fleetclaims import (
     AuditCorrupt,
@@ -499,33 +507,12 @@ def test_damage_in_the_middle_with_a_snapshot_keeps_the_history_after_it(
     assert bytes(raw) in quarantined(d).values()
 
 
-def _forge(d: Path, extra: int = 0) -> None:
-    """Rewrite the journal as a forger would: edit the first grant's owner and re-seal the
-    whole chain (no snapshot left to contradict it); ``extra`` lines more at its end."""
-    lines, _ = journal_lines(d)
-    for _ in range(extra):
-        last = orjson.loads(lines[-1])
-        last["seq"] += 1
-        lines.append(orjson.dumps(last))
-    out, prev = [], "0" * 64
-    for i, line in enumerate(lines):
-        event = orjson.loads(line)
-        if i == 1:
-            event["owner"] = "mallory"
-        event["prev"] = prev
-        del event["hash"]
-        sealed, prev = seal(orjson.dumps(event))
-        out.append(sealed if sealed.endswith(b"\n") else sealed + b"\n")
-    (d / "audit.jsonl").write_bytes(b"".join(out))
-    os.unlink(d / "claims.json")
-
-
 def test_a_resealed_forgery_is_found_by_the_anchor(tmp_path: Path) -> None:
     """A journal re-sealed after an edit verifies as a chain, but not against the registry's
     anchor (its head is not in the forged journal): audit verify exits 5."""
     d = tmp_path / "r"
     _history(d)
-    _forge(d)
+    forge_journal(d)
     done = _cli(d, "audit", "verify")
     assert done.returncode == 5 and "anchor" in done.stdout, done.stdout
 
@@ -543,7 +530,7 @@ def test_a_resealed_forgery_longer_than_the_anchor_is_refused_before_any_write(
         reg.claim("t0", owner="zz")  # (recorded: the line the forger repeats at the end)
     reg.close()
     assert orjson.loads(journal_lines(d)[0][-1])["type"] == "claim_rejected"
-    _forge(d, extra=1)
+    forge_journal(d, extra=1)
     with pytest.raises(HistoryLost, match="rewritten"):
         Registry(d).claim("x", owner="b")
     with pytest.raises(HistoryLost, match="rewritten"):
@@ -568,7 +555,7 @@ def test_the_key_seals_the_anchor_against_a_forger_who_rewrites_it(tmp_path: Pat
         else:
             anchor.key_file().unlink()
         _history(d)
-        _forge(d)
+        forge_journal(d)
         forged = replay(journal_lines(d)[0])  # the forger's view, then a matching anchor
         doc = orjson.loads(anchor.anchor_file(d).read_bytes())
         doc.update(seq=forged.seq, head=forged.head, fence=forged.fence)

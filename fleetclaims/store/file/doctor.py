@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ...core.errors import FleetclaimsError, HistoryLost, RegistryCorrupt, SegmentDamaged
 from ...core.ports import ClaimView
@@ -33,6 +34,8 @@ from .lock import RegistryLock
 from .salvage import DOCTOR_TMP, JournalScan, recoverable, salvage, scan_journal
 from .snapshot import TMP_PREFIX, Snapshot, SnapshotError, claim_records, decode_snapshot
 from .store import JOURNAL, LOCK, SNAPSHOT, FileStore
+
+T = TypeVar("T")
 
 ERROR = "error"
 SEGMENT_DAMAGED = "segment_damaged"
@@ -398,14 +401,7 @@ def _sealed_damage(path: Path, journal: JournalScan) -> SegmentDamaged | None:
     segment missing, swapped, another registry's, or edited and re-sealed within itself."""
     if not journal.exists:
         return None
-    try:
-        fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return seams.broken(path, fd)
-    finally:
-        os.close(fd)
+    return _on_journal(path, lambda fd: seams.broken(path, fd), None)
 
 
 def _journal_stranger(path: Path) -> bool:
@@ -416,12 +412,19 @@ def _journal_stranger(path: Path) -> bool:
     found = anchor.read(path)
     if found is None:
         return False
+    return _on_journal(
+        path, lambda fd: seams.journal_holds(path, fd, found.seq, found.head) is False, False)
+
+
+def _on_journal(path: Path, look: Callable[[int], T], unreadable: T) -> T:
+    """``look`` at audit.jsonl through a descriptor of it opened read-only; ``unreadable``
+    when it cannot be opened."""
     try:
         fd = fsutil.open_file(path / JOURNAL, os.O_RDONLY)
     except OSError:
-        return False
+        return unreadable
     try:
-        return seams.journal_holds(path, fd, found.seq, found.head) is False
+        return look(fd)
     finally:
         os.close(fd)
 

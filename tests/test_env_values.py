@@ -197,3 +197,38 @@ def test_numbers_are_ascii_digits(tmp_path: Path, args: list[str], env: dict[str
     done = cli(d, *args, env=env)
     assert done.returncode == 2, done.stderr
     assert cli(d, "get", "t1").stdout.startswith("t1 has never been claimed")
+
+
+def test_an_interrupted_json_wait_answers_a_json_document(tmp_path: Path) -> None:
+    """`--json claim --wait` stopped by Ctrl-C printed nothing on stdout (exit 130): a script
+    reading stdout got no answer. It now gets {"error": "interrupted", ...}; nothing claimed."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from fc_support import cli_env
+
+    d = tmp_path / "r"
+    assert cli(d, "claim", "t1", "--owner", "a").returncode == 0
+    proc = subprocess.Popen([sys.executable, "-m", "fleetclaims", "--json", "claim", "t1",
+                             "--owner", "b", "--wait", "30s"], env=cli_env(d),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    doc = json.loads(out)
+    assert doc["error"] == "interrupted" and "claims nothing" in doc["message"]
+    assert json.loads(cli(d, "get", "t1", "--json").stdout)["owner"] == "a"
+
+
+def test_run_of_a_command_that_cannot_start_answers_json(tmp_path: Path) -> None:
+    """`--json run T -- /nonexistent` printed nothing on stdout (exit 127); it answers one
+    document like run's other outcomes, and the claim is released."""
+    d = tmp_path / "r"
+    done = cli(d, "--json", "run", "t9", "--owner", "a", "--", str(tmp_path / "nope"))
+    assert done.returncode == 127, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["outcome"] == "not_started" and doc["exit_code"] == 127 and doc["task"] == "t9"
+    assert json.loads(cli(d, "get", "t9", "--json").stdout)["state"] == "released"

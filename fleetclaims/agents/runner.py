@@ -153,8 +153,12 @@ def _run_claimed(reg: Registry, lease: Lease, cmd: list[str], opts: RunOptions) 
                                 start_new_session=True)
     except OSError as exc:
         lease.release()
-        sys.stderr.write(f"fleetclaims: cannot start {cmd[0]!r}: {exc.strerror or exc}; "
-                         f"the claim on {task} was released.\n")
+        why = f"cannot start {cmd[0]!r}: {exc.strerror or exc}; the claim on {task} was released"
+        sys.stderr.write(f"fleetclaims: {why}.\n")
+        if opts.json_out:  # (as every other outcome of run: one document on stdout)
+            print(json.dumps({"task": task, "fence": lease.fence, "exit_code": 127,
+                              "outcome": "not_started", "error": "not_started",
+                              "message": why}))
         return 127
     group = _Group(proc, opts.grace)
 

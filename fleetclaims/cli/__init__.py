@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FleetclaimsError as exc:  # refused before a command ran (an argument not UTF-8)
         return report_error(json_mode, exc)
     except KeyboardInterrupt:
-        sys.stderr.write("fleetclaims: interrupted\n")
+        _interrupted(json_mode)
         return 130
     except BrokenPipeError:
         _discard_output()
@@ -177,6 +177,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         return _output_error(exc if isinstance(exc, OSError) else OSError(str(exc)))
     return code
+
+
+def _interrupted(json_mode: bool) -> None:
+    """Say that Ctrl-C (SIGINT) stopped the command, on stderr and, with --json, as an error
+    document on stdout (a script reading stdout got nothing). A wait that was interrupted
+    claimed nothing; an operation that had completed before the signal stands."""
+    message = ("interrupted (SIGINT) before the command finished: a wait claims nothing; an "
+               "operation completed before the signal stands (`fleetclaims get TASK` shows it)")
+    if json_mode:
+        import json
+
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.write(json.dumps({"error": "interrupted", "message": message}) + "\n")
+            sys.stdout.flush()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"fleetclaims: {message}\n")
 
 
 def _guard_streams() -> None:

@@ -6,10 +6,7 @@ failure (an unknown prompt) is a JSON-RPC error, never a traceback."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,17 +24,7 @@ INIT = {"protocolVersion": "2025-06-18", "capabilities": {},
 
 
 class Client(RawClient):
-    """RawClient with its token file in the test's directory."""
-
-    def __init__(self, registry: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETCLAIMS_")}
-        env["XDG_STATE_HOME"] = str(registry.parent / "state")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetclaims", "mcp", "--dir", str(registry), "--owner",
-             "agent-a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env)
-        self.pending = b""
-        self.next_id = 100
+    """RawClient that initializes the session and sends calls without waiting."""
 
     def start(self) -> Client:
         assert self.request("initialize", INIT)["result"]["serverInfo"]["name"] == "fleetclaims"

@@ -27,6 +27,7 @@ class RawClient:
 
     def __init__(self, registry: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETCLAIMS_")}
+        env["XDG_STATE_HOME"] = str(registry.parent / "state")  # (its token file: the test's)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fleetclaims", "mcp", "--dir", str(registry), "--owner",
              "agent-a"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -252,10 +252,24 @@ def postgres_url(pg_server: PgServer) -> str:
 
 
 def back_to(conn: psycopg.Connection[Any], schema: str, version: int) -> None:
-    """Put a registry's schema back to ``version`` (3 or 4) as an earlier fleetclaims left it:
-    the grants inline in each claim row again, no ring, no rn/rlen columns, the claims table's
-    owner and state indexes back."""
+    """Put a registry's schema back to ``version`` (3, 4 or 5) as an earlier fleetclaims left
+    it: before 6, the head guard that does not ask writers for their protocol and no ``prev``
+    column; before 5, the grants inline in each claim row again, no ring, no rn/rlen columns,
+    the claims table's owner and state indexes back."""
     s = f'"{schema}"'
+    conn.execute(f"ALTER TABLE {s}.head DROP COLUMN prev")
+    conn.execute(f"""CREATE OR REPLACE FUNCTION {s}.head_guard() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.seq < OLD.seq OR NEW.fence < OLD.fence THEN
+                RAISE EXCEPTION 'fleetclaims: seq and fence never go back (% -> %, % -> %)',
+                    OLD.seq, NEW.seq, OLD.fence, NEW.fence;
+            END IF;
+            RETURN NEW;
+        END $$""")
+    if version == 5:
+        conn.execute(f"DELETE FROM {s}.schema_version WHERE version > 5")
+        return
     conn.execute(f"ALTER TABLE {s}.claims DROP CONSTRAINT grants_in_ring")
     conn.execute(
         f"UPDATE {s}.claims c SET data = c.data || jsonb_build_object('retired', "

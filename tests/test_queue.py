@@ -450,7 +450,7 @@ def test_postgres_schema_1_is_upgraded_to_the_queue_schema(postgres_url: str) ->
     assert reg.get("legacy") is not None
     reg.add("new", depends_on=["legacy"])
     assert reg.task("new").status == "pending"  # type: ignore[union-attr]
-    assert reg.store.schema_version() == SCHEMA_VERSION == 5  # type: ignore[attr-defined]
+    assert reg.store.schema_version() == SCHEMA_VERSION == 6  # type: ignore[attr-defined]
     assert reg.verify().ok
     reg.close()
 

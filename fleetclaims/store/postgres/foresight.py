@@ -13,6 +13,7 @@ import contextlib
 from typing import Any
 
 from ...core.model import Claim, Now
+from ...core.rules import Decision
 from ...core.state import State
 from ..base import Decide
 from .schema import Queries
@@ -34,6 +35,11 @@ class Foresight:
         self._cache = cache
         self.claims: list[str] = []
         self.tasks: list[str] = []
+        # the guessed decision's events when it ran to the end (None: it did not), so the
+        # store can tell whether the write may be numbered in its commit (numbered.py)
+        self.events: tuple[dict[str, Any], ...] | None = None
+        self.state: State | None = None  # the state the guess decided over
+        self.decision: Decision | None = None  # and its decision (None: it raised)
 
     def fetch_claim(self, task: str) -> Claim | None:
         if task not in self.claims:
@@ -50,13 +56,16 @@ class Foresight:
 
 
 def foresee(decide: Decide, sql: Queries, cache: dict[str, Claim],
-            head: tuple[int, int, str, str], wall: float) -> Foresight:
+            head: tuple[int, int, str, str], now: Now) -> Foresight:
     """Run ``decide`` speculatively (``head``: the last (seq, fence, hash, origin) seen) and
-    return what it asked for. Never raises: a guess that fails is just a shorter guess."""
+    return what it asked for, the state and the decision. Never raises: a guess that fails is
+    just a shorter guess."""
     rows = Foresight(sql, cache)
     seq, fence, digest, origin = head
     state = State(PgClaimView(rows), max(seq, 1), fence, digest, origin, PgTaskView(rows))
+    rows.state = state
     # A speculative run: any failure just ends the guess there.
     with contextlib.suppress(Exception):
-        decide(state, Now(wall=wall, boot=None, boot_id=""))
+        rows.decision = decide(state, now)
+        rows.events = rows.decision.events
     return rows

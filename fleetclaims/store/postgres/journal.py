@@ -42,11 +42,12 @@ def claim_object(where: str, task: str, data: str) -> dict[str, Any]:
     return loaded
 
 
-def claim_row(table: PgClaimView, task: str) -> tuple[Any, ...]:
+def claim_row(table: PgClaimView, task: str, *, numbered: bool = False) -> tuple[Any, ...]:
     """The parameters of ``Queries.claim_upsert``: indexed columns, the claim's JSON in the
     compact form the file store's snapshot uses (members at their defaults left out; read back
     the same) without its retired grants, how many grants it retired since the row the
-    transaction read (k), how many it keeps (rlen) and those k as a JSON array."""
+    transaction read (k), how many it keeps (rlen) and those k as a JSON array. ``numbered``:
+    the JSON without its fence, seq and eid, which the server adds (``Queries.numbered``)."""
     claim = table.get(task)
     assert claim is not None
     kept = claim.retired
@@ -68,6 +69,9 @@ def claim_row(table: PgClaimView, task: str) -> tuple[Any, ...]:
         k = appended(old, kept) if len(old) <= RING else len(kept)
         rlen = len(kept)
         fresh = orjson.dumps([r.to_dict() for r in kept[rlen - k:]]).decode() if k else "[]"
+    if numbered:
+        for key in ("fence", "seq", "eid"):
+            data.pop(key, None)
     return (task, claim.owner, claim.state, claim.fence, claim.expires_at, claim.seq,
             orjson.dumps(data).decode(), k, rlen, fresh)
 

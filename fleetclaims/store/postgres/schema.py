@@ -37,8 +37,11 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ...core.errors import AccessDenied, SchemaMismatch, StoreUnavailable, ValidationError
 from ...core.model import GENESIS
+from .numbered_sql import lock_key, numbered_write
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
+#: what this fleetclaims declares, per transaction, to schema 6's head guard (see _v6)
+WRITER_PROTOCOL = "6"
 DEFAULT_SCHEMA = "fleetclaims"
 SCHEMA_ENV = "FLEETCLAIMS_PG_SCHEMA"
 
@@ -224,6 +227,38 @@ def _v5(s: str) -> list[str]:
     ]
 
 
+def _v6(s: str) -> list[str]:
+    """Schema 6: writers numbered in the commit's message. A claim, renewal, release or
+    completion of one task no longer locks the head row in its first round trip: it locks
+    its task (a transaction advisory lock) and takes the writers' lock shared; the head row
+    is locked, and the line's seq, fence and seal computed on the server, only in the message
+    that commits (``store/postgres/numbered.py``). Every other write takes the writers' lock
+    exclusively, as before. A process of an older fleetclaims still running after the
+    upgrade takes neither lock, so it could decide over a task row a numbered writer is about
+    to change: the head guard now refuses a head update from any transaction that has not
+    declared this protocol (``fleetclaims.writer``, SET LOCAL with the transaction's other
+    settings), and that process's writes fail loudly until it is restarted upgraded."""
+    return [
+        # the hash the last numbered write chained to (what its statement answers)
+        f"ALTER TABLE {s}.head ADD COLUMN IF NOT EXISTS prev text",
+        f"""CREATE OR REPLACE FUNCTION {s}.head_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.seq < OLD.seq OR NEW.fence < OLD.fence THEN
+                RAISE EXCEPTION 'fleetclaims: seq and fence never go back (% -> %, % -> %)',
+                    OLD.seq, NEW.seq, OLD.fence, NEW.fence;
+            END IF;
+            IF current_setting('fleetclaims.writer', true) IS DISTINCT FROM '{WRITER_PROTOCOL}'
+            THEN
+                RAISE EXCEPTION 'fleetclaims: this registry (schema 6) takes writes only from '
+                    'fleetclaims that takes its task locks; this process is older: restart '
+                    'it with the upgraded fleetclaims'
+                    USING ERRCODE = '55000';
+            END IF;
+            RETURN NEW;
+        END $$""",
+    ]
+
+
 def _retired_of(s: str, alias: str) -> str:
     """A claim row's inline grants as a JSON array (empty when absent or not an array)."""
     return (f"(CASE WHEN jsonb_typeof({alias}.data->'retired') = 'array' "
@@ -242,7 +277,7 @@ def _full_claim(s: str) -> str:
 
 def migrations(s: str) -> dict[int, list[str]]:
     """Schema changes by version; ``s`` is the quoted schema name. Append, never edit."""
-    return {1: _v1(s), 2: _v2(s), 3: _v3(s), 4: _v4(s), 5: _v5(s)}
+    return {1: _v1(s), 2: _v2(s), 3: _v3(s), 4: _v4(s), 5: _v5(s), 6: _v6(s)}
 
 
 def parse_location(url: str, schema: str | None = None) -> tuple[str, str, str]:
@@ -297,10 +332,6 @@ class Queries:
     """The statements the store and its tables run, for one schema (``s``: its quoted name)."""
 
     def __init__(self, s: str) -> None:
-        self.head_lock = (
-            f"SELECT seq, head, fence, origin, extract(epoch FROM clock_timestamp())::float8 "
-            f"FROM {s}.head WHERE id = 1 FOR UPDATE"
-        )
         self.head = f"SELECT seq, head, fence, origin FROM {s}.head WHERE id = 1"
         # The row's JSON only when it differs from the copy the caller has (same seq and eid).
         self.claim = (
@@ -350,13 +381,22 @@ class Queries:
         )
         self.lines = f"SELECT seq, line FROM {s}.audit WHERE seq > %s ORDER BY seq LIMIT %s"
         self.line_at = f"SELECT line FROM {s}.audit WHERE seq = %s"
+        self.task_lines = (f"SELECT seq, line FROM {s}.audit WHERE task = %s AND seq > %s "
+                           "ORDER BY seq")
         self.version = f"SELECT max(version) FROM {s}.schema_version"
         self.server_time = "SELECT extract(epoch FROM clock_timestamp())::float8"
         self.settings = (
             "SELECT set_config('synchronous_commit', %s, true), "
             "set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true), "
-            "set_config('idle_in_transaction_session_timeout', %s, true)"
+            "set_config('idle_in_transaction_session_timeout', %s, true), "
+            f"set_config('fleetclaims.writer', '{WRITER_PROTOCOL}', true)"
         )
+        # The writers' lock (a transaction advisory lock of this schema): taken shared by a
+        # write numbered in its commit (one task's claim, renewal, release, completion: it
+        # holds its task's lock, task_key), exclusively by every other write, which so runs
+        # alone as before schema 6. Always before the head row: no lock cycle.
+        writers = lock_key(f"fleetclaims-writers:{s}")
+        self.task_prefix = f"fleetclaims-task:{s}:"
         # Full durability without holding the head lock across the WAL flush: the write
         # transaction commits with synchronous_commit off (its locks go as soon as its commit
         # record is in the WAL buffers), and this transaction, sent in the same message right
@@ -372,16 +412,34 @@ class Queries:
         # This transaction's settings, then the head row locked, in one statement: the
         # settings are a subquery joined below the row lock (FOR UPDATE locks the rows the
         # join returns), so lock_timeout is in force when the lock is waited for.
+        # (the writers' lock in the target list: evaluated after the settings' subquery and
+        # below the row lock, so lock_timeout is in force for both)
         self.lock = (
-            "SELECT h.seq, h.head, h.fence, h.origin, "
+            f"SELECT h.seq, h.head, h.fence, h.origin, pg_advisory_xact_lock({writers}), "
             f"extract(epoch FROM clock_timestamp())::float8 FROM ({self.settings}) l, "
             f"{s}.head h WHERE h.id = 1 FOR UPDATE OF h"
+        )
+        # A numbered write's first round trip: its settings, the writers' lock shared and its
+        # tasks' locks (the keys sorted: every writer takes them in one order), the head as it
+        # stands (not locked: only a guess of the numbers), then the server's clock.
+        self.peek = (
+            f"SELECT h.seq, h.head, h.fence, h.origin, pg_advisory_xact_lock_shared({writers}), "
+            "(SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) k), "
+            f"extract(epoch FROM clock_timestamp())::float8 FROM ({self.settings}) l, "
+            f"{s}.head h WHERE h.id = 1"
+        )
+        self.head_lock = (
+            f"SELECT seq, head, fence, origin, extract(epoch FROM clock_timestamp())::float8, "
+            f"set_config('fleetclaims.writer', '{WRITER_PROTOCOL}', true), "
+            f"pg_advisory_xact_lock({writers}) FROM {s}.head WHERE id = 1 FOR UPDATE"
         )
         # The usual write (one audit row, one claim row, the head) as one statement.
         self.write1 = (
             f"WITH a AS ({self.audit_insert}), u AS ({claim_put}), r AS ({retired_put}) "
             f"{self.head_update}"
         )
+        self.numbered = numbered_write(s, retired_put)
+        self.guessed = numbered_write(s, retired_put, guarded=True)
 
     def prepared(self) -> tuple[str, Queries]:
         """(PREPARE statements, a copy of these queries that EXECUTEs them) for the statements
@@ -411,8 +469,11 @@ _AUDIT = ("bigint", "float8", "text", "text", "text", "text", "bigint", "text", 
 _CLAIM = ("text", "text", "text", "bigint", "float8", "bigint", "text", "integer", "integer",
           "text")
 _HEAD = ("bigint", "text", "bigint", "text")
+_NUMBERED = ("integer", "text", "text", "float8", "text", "text", "text", "text", "bigint",
+             "text", "text", "text", "float8", "text", "integer", "integer", "bigint", "text")
 _PREPARED: dict[str, tuple[str, ...]] = {
     "lock": _SETTINGS,
+    "peek": ("bigint[]", *_SETTINGS),
     "claim": ("bigint", "text", "text"),
     "task": ("text",),
     "audit_insert": _AUDIT,
@@ -420,6 +481,9 @@ _PREPARED: dict[str, tuple[str, ...]] = {
     "task_upsert": ("text", "bigint", "text"),
     "head_update": _HEAD,
     "write1": (*_AUDIT, *_CLAIM, *_HEAD),
+    "numbered": _NUMBERED,
+    "guessed": (*_NUMBERED[:3], "bigint", "text", "text", "boolean", "boolean", "text", "float8",
+                "float8", *_NUMBERED[3:]),
     "flush": (),
 }
 

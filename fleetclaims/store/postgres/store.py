@@ -23,6 +23,7 @@ unreachable for that whole second budget leaves it unknown (``committed=None``).
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -33,7 +34,13 @@ import psycopg
 
 from ...core import events as ev
 from ...core.chain import ChainError, check_seal, envelope, seal
-from ...core.errors import AuditCorrupt, FleetclaimsError, RegistryCorrupt, StoreUnavailable
+from ...core.errors import (
+    AuditCorrupt,
+    FleetclaimsError,
+    RegistryCorrupt,
+    StoreUnavailable,
+    ValidationError,
+)
 from ...core.model import GENESIS, Claim, Now
 from ...core.rules import Decision
 from ...core.state import State
@@ -41,7 +48,9 @@ from ...system import Clock, SystemClock, fork_safe_mutex
 from ..base import SCHEMA_MIGRATIONS, SERVER_CLOCK, SHARED, Capabilities, Decide, VerifyReport
 from ..file.faults import crash_point
 from . import connection as pgc
-from .foresight import foresee
+from . import numbered
+from .foresight import Foresight
+from .guessed import NumberedWrites
 from .journal import audit_row, claim_object, claim_row, import_journal, task_rows, verify_chain
 from .schema import DEFAULT_SCHEMA, SCHEMA_VERSION, Queries, describe, parse_location
 from .session import PgSession
@@ -68,11 +77,16 @@ class _Retry(Exception):
         self.fresh = fresh  # the outcome was just resolved: one more attempt is worth it
 
 
+class _HeadWay(Exception):
+    """Internal: a numbered write's decision needs more than its locked tasks; it is made
+    again with the head row locked first."""
+
+
 class _FlushFailed(psycopg.OperationalError):
     """Internal: the write transaction committed, the flush behind it answered an error."""
 
 
-class PostgresStore(PgSession):
+class PostgresStore(NumberedWrites, PgSession):
     """The store Protocol on PostgreSQL (psycopg 3). Thread-safe; fork-safe (a child opens its
     own connection)."""
 
@@ -107,6 +121,7 @@ class PostgresStore(PgSession):
         self._cache: dict[str, Claim] = {}
         self._head: tuple[int, int, str, str] = (0, 0, GENESIS, "")  # the last one seen
         self._wall = 0.0  # the server's clock at the last transaction
+        self._wall_at = -1e9  # (time.monotonic() when it was read)
         self._watchdog = pgc.Watchdog()
         self._s = f'"{self.schema}"'
         self.sql = Queries(self._s)
@@ -120,6 +135,18 @@ class PostgresStore(PgSession):
         self._flush_after = True
         self._crowded = False  # whether others wrote between our last two operations
         self._async = False  # whether this transaction's write was begun with an async commit
+        # One task's claim, renewal, release or completion is numbered in its commit's message
+        # (numbered.py). FLEETCLAIMS_PG_NUMBERED=0 turns it off (every write locks the head
+        # row first, as before schema 6: measured against in bench/pg_bench.py).
+        numbering = os.environ.get("FLEETCLAIMS_PG_NUMBERED") or "1"
+        if numbering not in ("0", "1"):
+            raise ValidationError("FLEETCLAIMS_PG_NUMBERED", "must be 0 or 1 (a value from the "
+                                  "environment: fix or unset FLEETCLAIMS_PG_NUMBERED)",
+                                  value=numbering)
+        self.numbering = numbering == "1"
+        self._numbers: tuple[int, int, str, str] | None = None  # a lost answer's, as found
+        self._keys: dict[str, int] = {}  # task -> its advisory lock key
+        self._guard: tuple[float, float] | None = None  # (guessed.py, while one is sent)
 
     def schema_version(self) -> int:
         rows = self.query(self.sql.version)
@@ -131,6 +158,7 @@ class PostgresStore(PgSession):
         with self._mutex:
             deadline = time.monotonic() + self.budget
             attempt = 0
+            head_way = False
             while True:
                 attempt += 1
                 conn = self._connection(deadline)
@@ -138,7 +166,18 @@ class PostgresStore(PgSession):
                 if self._conn is not conn:  # lost while preparing
                     conn = self._connection(deadline)
                 try:
-                    return self._attempt(conn, decide, deadline)
+                    guess: Foresight | None
+                    guess, now = self._guess(decide)
+                    if attempt == 1 and not head_way and self._guessable(guess, now):
+                        assert now is not None
+                        done = self._attempt_guessed(conn, guess, now, deadline)
+                        if done is not None:
+                            return done
+                        guess = None  # (spent: the copy was stale)
+                    return self._attempt(conn, decide, deadline, head_way, guess)
+                except _HeadWay:  # (rolled back; not a failure)
+                    head_way = True
+                    attempt -= 1
                 except _Retry as retry:
                     self._drop_connection()
                     if attempt >= MAX_ATTEMPTS or (
@@ -149,15 +188,21 @@ class PostgresStore(PgSession):
                     time.sleep(min(0.05 * attempt, max(0.0, deadline - time.monotonic())))
 
     def _attempt(
-        self, conn: psycopg.Connection[Any], decide: Decide, deadline: float
+        self, conn: psycopg.Connection[Any], decide: Decide, deadline: float, head_way: bool,
+        guess: Foresight | None,
     ) -> tuple[Decision, State]:
         committing = False
         first: tuple[int, str] | None = None  # (seq, line) of our first audit row
-        guess = foresee(decide, self.sql, self._cache, self._head, self._wall)
+        if guess is None:
+            guess = self._guess(decide)[0]
+        keys = None if head_way else self._numbered_keys(guess)
+        tpl: numbered.Template | None = None
+        objs: list[dict[str, Any]] = []
         self._in_txn = True
         self._watchdog.arm(conn, deadline + pgc.GRACE_S)
         try:
-            table, tasks, now = self._begin(conn, guess.claims, guess.tasks, deadline)
+            table, tasks, now, watch = self._begin(conn, guess.claims, guess.tasks, deadline,
+                                                   keys)
             crash_point("pg.after_lock")
             seq, fence, head, origin = self._head
             state = State(table, seq, fence, head, origin, tasks)
@@ -168,7 +213,14 @@ class PostgresStore(PgSession):
                 rows += self._seal_apply(state, [created], now.wall)
             decision = decide(state, now)
             if decision.events:
-                rows += self._seal_apply(state, list(decision.events), now.wall)
+                rows += self._seal_apply(state, list(decision.events), now.wall, objs)
+            if watch is not None:  # numbered: only one event of the locked tasks
+                tpl = (numbered.template(objs[0], str(rows[0][-1])) if len(rows) == 1 and objs
+                       else None)
+                if watch.strayed or tasks.dirty or len(rows) > 1 or (rows and (
+                        tpl is None or table.dirty != {tpl.task})):
+                    conn.execute("ROLLBACK")
+                    raise _HeadWay
             if not rows:
                 conn.execute("ROLLBACK")
                 self._remember(table)
@@ -176,18 +228,17 @@ class PostgresStore(PgSession):
             first = (int(rows[0][0]), str(rows[0][-1]))
             crash_point("pg.before_commit")
             committing = True  # from here a lost connection leaves the outcome to be found
-            self._write(conn, rows, table, tasks, state)
+            if tpl is None:
+                self._write(conn, rows, table, tasks, state)
+            else:
+                self._numbers = self._write_numbered(conn, tpl, rows[0], table)
             crash_point("pg.commit_answer")
             committing = False
-            self._head = (state.seq, state.fence, state.head, state.origin)
-            self._remember(table)
-            return decision, state
+            return self._committed(decision, state, table, tpl, objs)
         except psycopg.Error as exc:
-            failure = self._failure(conn, exc, committing, first, deadline)
+            failure = self._failure(conn, exc, committing, first, deadline, tpl)
             if failure is None:  # the COMMIT whose answer we lost did commit
-                self._head = (state.seq, state.fence, state.head, state.origin)
-                self._remember(table)
-                return decision, state
+                return self._committed(decision, state, table, tpl, objs)
             raise failure from None
         except BaseException:
             self._abandon(conn)
@@ -198,16 +249,21 @@ class PostgresStore(PgSession):
 
     def _begin(
         self, conn: psycopg.Connection[Any], claims: list[str], task_names: list[str],
-        deadline: float,
-    ) -> tuple[PgClaimView, PgTaskView, Now]:
-        """Round trip 1: begin, set this transaction's limits, lock the head, read the rows
-        the decision is expected to look at; one message of statements (simple protocol)."""
+        deadline: float, keys: list[int] | None,
+    ) -> tuple[PgClaimView, PgTaskView, Now, numbered.Watch | None]:
+        """Round trip 1: begin, set this transaction's limits, lock the head (or, a numbered
+        write, its tasks: ``keys``), read the rows the decision is expected to look at; one
+        message of statements (simple protocol)."""
         q = self._q
         batch = pgc.Batch(conn)
         batch.add("BEGIN")
         # (with full durability a synchronous commit only where _write cannot flush after it)
         self._async = not self.sync or (self._flush_after and self._crowded)
-        batch.add(q.lock, pgc.local_settings(not self._async, deadline - time.monotonic()))
+        limits = pgc.local_settings(not self._async, deadline - time.monotonic())
+        if keys is None:
+            batch.add(q.lock, limits)
+        else:
+            batch.add(q.peek, ("{" + ",".join(map(str, keys)) + "}", *limits))
         # One equality lookup per row (measured: far cheaper for the server to plan than one
         # statement joining an array of tasks); a claim row's JSON comes only when it differs
         # from our copy.
@@ -221,17 +277,19 @@ class PostgresStore(PgSession):
         row = results[1][0] if results[1] else None
         if row is None:
             raise RegistryCorrupt(self.location, "the head row of the journal is missing")
-        seq, head, fence, origin, server_wall = row
+        seq, head, fence, origin = row[:4]
+        server_wall = row[-1]
         # Another writer committed since our last operation: the head is contended.
         self._crowded = int(seq) != self._head[0]
         self._head = (int(seq), int(fence), str(head), str(origin))
-        self._wall = float(server_wall)
+        self._wall, self._wall_at = float(server_wall), time.monotonic()
         if self.server_clock or self.clock is None:
             now = Now(wall=float(server_wall), boot=None, boot_id="")
         else:
             now = self.clock.now()
-        table = PgClaimView(self)
-        tasks = PgTaskView(self)
+        watch = None if keys is None else numbered.Watch(self)
+        table = PgClaimView(watch or self)
+        tasks = PgTaskView(watch or self)
         found: dict[str, Claim] = {}
         for task, rows in zip(claims, results[2:2 + len(claims)], strict=True):
             if rows:
@@ -243,7 +301,7 @@ class PostgresStore(PgSession):
         task_data = {name: orjson.loads(rows[0][0]) for name, rows in
                      zip(task_names, results[2 + len(claims):], strict=True) if rows}
         tasks.preload(task_names, task_data)
-        return table, tasks, now
+        return table, tasks, now, watch
 
     def _write(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]],
                table: PgClaimView, tasks: PgTaskView, state: State) -> None:
@@ -263,20 +321,25 @@ class PostgresStore(PgSession):
             for task_row in task_rows(tasks):
                 batch.add(q.task_upsert, task_row)
             batch.add(q.head_update, head)
+        self._commit(batch)
+
+    def _commit(self, batch: pgc.Batch) -> list[list[tuple[Any, ...]]]:
+        """COMMIT the write in ``batch`` (with full durability and other writers about, an
+        asynchronous COMMIT and a flush behind it); the write's answers."""
+        q = self._q
         flush = self.sync and self._flush_after and self._crowded
         if self.sync and self._async != flush:  # (crowded or not since the lock was asked for)
             batch.add(q.commit_mode, ("off" if flush else "on",))
         batch.add("COMMIT")
         if not flush:
-            batch.run()
-            return
+            return batch.run()
         committed = len(batch)  # answers up to and including the write's COMMIT
         # (the head lock is released before the flush: Queries.flush)
         batch.add("BEGIN")
         batch.add(q.flush)
         batch.add("COMMIT")
         try:
-            batch.run()
+            return batch.run()
         except psycopg.Error as exc:
             if getattr(exc, "fc_answered", 0) >= committed:
                 # The write committed and its flush failed: the outcome is found out as for a
@@ -287,9 +350,11 @@ class PostgresStore(PgSession):
             raise
 
     def _seal_apply(
-        self, state: State, events: Iterable[dict[str, Any]], ts: float
+        self, state: State, events: Iterable[dict[str, Any]], ts: float,
+        objs: list[dict[str, Any]] | None = None,
     ) -> list[tuple[Any, ...]]:
-        """Seal events onto the chain exactly as the file store does and apply them."""
+        """Seal events onto the chain exactly as the file store does and apply them (each
+        sealed event appended to ``objs``)."""
         rows: list[tuple[Any, ...]] = []
         for fields in events:
             obj = envelope(state.seq + 1, ts, fields, state.head)
@@ -297,6 +362,8 @@ class PostgresStore(PgSession):
             obj["hash"] = digest
             ev.apply(state, obj)
             rows.append(audit_row(obj, digest, line[:-1].decode()))
+            if objs is not None:
+                objs.append(obj)
         return rows
 
     def _abandon(self, conn: psycopg.Connection[Any]) -> None:
@@ -316,6 +383,7 @@ class PostgresStore(PgSession):
         committing: bool,
         first: tuple[int, str] | None,
         deadline: float,
+        tpl: numbered.Template | None = None,
     ) -> BaseException | None:
         """Turn a database error into a typed error or a safe retry (``_Retry``); None when
         the connection was lost during COMMIT and the transaction turns out to have committed."""
@@ -335,22 +403,31 @@ class PostgresStore(PgSession):
             # The session died before the writes were sent: the server rolled it back.
             return _Retry(StoreUnavailable(self.location, reason, committed=False))
         assert first is not None
-        outcome = self._resolve_commit(first)
+        guarded = self._guard is not None
+        outcome = self._resolve_commit(first, tpl)
         if outcome is True:
             return None
         if outcome is False:
-            return _Retry(StoreUnavailable(self.location, reason, committed=False), fresh=True)
+            # (a write made in one round trip is resolved within the call's own budget: the
+            # retry gets what is left of it, as a write lost before its COMMIT would)
+            return _Retry(StoreUnavailable(self.location, reason, committed=False),
+                          fresh=not guarded)
         return StoreUnavailable(
             self.location, f"the connection was lost during COMMIT ({reason}) and the server "
-            f"stayed unreachable for {self.budget:g}s more", committed=None,
+            + ("did not answer again within the budget" if guarded else
+               f"stayed unreachable for {self.budget:g}s more"), committed=None,
             hint="Retry the same call once the server is back (claim with the same token= "
             "returns the claim if it was granted).")
 
-    def _resolve_commit(self, first: tuple[int, str]) -> bool | None:
+    def _resolve_commit(self, first: tuple[int, str], tpl: numbered.Template | None
+                        ) -> bool | None:
         """After losing the connection during COMMIT: did our transaction commit? Waits for a
-        restarting server up to the budget."""
+        restarting server up to the budget. ``first``: our first line as sealed at the head
+        we read (a numbered write's line, ``tpl``, is looked for among its task's lines after
+        that head, and its numbers kept for ``_committed``)."""
         seq, line = first
-        deadline = time.monotonic() + self.budget
+        guard = self._guard  # a guessed write: (the latest server time it could pass, by when)
+        deadline = time.monotonic() + self.budget if guard is None else guard[1]
         while True:
             try:
                 conn = self._connection(deadline)
@@ -364,12 +441,27 @@ class PostgresStore(PgSession):
                 batch.add("BEGIN")
                 batch.add(self.sql.lock,
                           pgc.local_settings(self.sync, deadline - time.monotonic()))
-                batch.add(self.sql.line_at, (seq,))
+                if tpl is None:
+                    batch.add(self.sql.line_at, (seq,))
+                else:
+                    batch.add(self.sql.task_lines, (tpl.task, seq - 1))
                 # A synchronous COMMIT (the row lock gave this transaction an xid) returns once
                 # the WAL is flushed past the line found: an operation whose own flush answer
                 # was lost is acknowledged only when durable.
                 batch.add("COMMIT" if self.sync else "ROLLBACK")
-                found = batch.run()[2]
+                answers = batch.run()
+                found = answers[2]
+                if tpl is not None:
+                    self._numbers = numbered.found(tpl, found, int(answers[1][0][2]))
+                    if self._numbers is not None:
+                        return True
+                    # A guessed write not found behind the writers' lock has not begun (it
+                    # would hold its task's lock); it can never pass its clock guard once the
+                    # server's clock is past it. Before that, look again.
+                    if guard is None or float(answers[1][0][-1]) > guard[0]:
+                        return False
+                    time.sleep(0.01)
+                    continue
                 return bool(found) and found[0][0] == line
             except psycopg.Error:
                 self._abandon(conn)

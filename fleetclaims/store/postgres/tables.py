@@ -50,6 +50,10 @@ class PgClaimView:
         # retired grants are new (journal.claim_row)
         self._before: dict[str, Claim | None] = {}
 
+    def rebind(self, rows: Rows) -> None:
+        """Read further rows through ``rows`` (a guess's view, once its write committed)."""
+        self._rows = rows
+
     def before(self, task: str) -> Claim | None:
         """``task``'s claim as read, before this transaction changed it."""
         return self._before[task] if task in self._before else self.get(task)
@@ -151,6 +155,10 @@ class PgTaskView:
         self._absent: set[str] = set()
         self._complete = complete
         self.dirty: set[str] = set()
+
+    def rebind(self, rows: Rows) -> None:
+        """Read further rows through ``rows`` (a guess's view, once its write committed)."""
+        self._rows = rows
 
     def load_all(self) -> None:
         if self._complete:

@@ -284,3 +284,50 @@ def test_server_killed_at_each_point_returns_the_result_once(
     assert _count(reg, kind, task) == before + 1
     assert reg.verify().ok
     reg.close()
+
+
+_GUESSED_OPS = ("claim", "renew", "release")  # (completing looks up dependants: the head row first)
+
+
+@pytest.mark.parametrize("crowded", [False, True], ids=["alone", "crowded"])
+@pytest.mark.parametrize("point", ["pg.before_commit", "pg.commit_answer"])
+@pytest.mark.parametrize("op", _GUESSED_OPS)
+def test_server_killed_during_a_one_round_trip_write_returns_the_result_once(
+        own_server: PgServer, op: str, point: str, crowded: bool) -> None:
+    """The same on a warm connection, where a claim, renewal or release of the
+    process's own task is sent in one round trip (guessed.py): killed before the message is
+    sent, or as its answer comes (lost too), the call finds out, returns its result, and the
+    event is recorded exactly once."""
+    clock = FakeClock()
+    url = _schema_url(own_server, f"guess_{op}")
+    reg = Registry(url, lock_timeout=10, clock=clock)
+    for _ in range(4):  # (the connection's statements prepared: guesses are sent from now)
+        reg.release("warm", token=reg.claim("warm", owner="a").token or "")
+    kind, task, call = OPS[op](reg, clock)
+    if crowded:
+        other = Registry(url, lock_timeout=10, clock=clock)
+        other.claim("elsewhere", owner="z")
+        other.close()
+    store = _store(reg)
+    sent: list[int] = []
+    guess = store._attempt_guessed
+
+    def counted(*args: Any) -> Any:
+        sent.append(1)
+        return guess(*args)
+
+    store._attempt_guessed = counted  # type: ignore[method-assign,assignment]
+    before = _count(reg, kind, task)
+    restarts: list[threading.Timer] = []
+    faults.set_crash_hook(_kill_and_restart(own_server, point, point == "pg.commit_answer",
+                                            restarts))
+    try:
+        result = call()
+    finally:
+        faults.set_crash_hook(None)
+        for restart in restarts:
+            restart.join()
+    assert sent and result is not None and result is not False
+    assert _count(reg, kind, task) == before + 1
+    assert reg.verify().ok
+    reg.close()

@@ -331,3 +331,47 @@ def test_a_guess_caught_by_a_frozen_backend_is_found_out_within_the_budget(
         reg.claim("t", owner="b")
     assert reg.verify().ok
     reg.close()
+
+
+@pytest.mark.slow
+def test_a_guess_caught_by_a_frozen_server_is_bounded_and_never_doubled() -> None:
+    """Every process of the server SIGSTOPped while a warm connection sends a guess: the call
+    gives StoreUnavailable within the budget (plus libpq's 2 s connect minimum), committed
+    False or unknown (None: nothing tells a guess never begun from one frozen mid-commit);
+    resumed, the guess's clock window has passed, so it writes nothing, and the claim retried
+    with the same token is granted once."""
+    from pg_server import start_server
+    from test_pg_faults import _tree
+
+    budget = 2.0
+    server = start_server()
+    try:
+        reg = Registry(server.create_database("frozen_guess"), lock_timeout=budget)
+        for _ in range(WARM):
+            reg.release("w", token=reg.claim("w", owner="a").token or "")
+        postmaster = server.postmaster_pid()
+        assert postmaster is not None
+        pids = _tree(postmaster)
+        counts = _paths(reg)
+        started = time.monotonic()
+        try:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            with pytest.raises(StoreUnavailable) as failed:
+                reg.claim("t", owner="a", token="the-token-of-this-claim")
+            elapsed = time.monotonic() - started
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        assert counts["sent"] == 1 and failed.value.committed in (False, None)
+        assert elapsed < budget + 2 + 1.5
+        time.sleep(0.5)
+        claim = reg.claim("t", owner="a", token="the-token-of-this-claim")
+        grants = [e for e in reg.store.iter_events(0) if e["type"] == "claim_created"
+                  and e["task"] == "t"]
+        assert [g["token_hash"] for g in grants] == [claim.token_hash] and reg.verify().ok
+        reg.close()
+    finally:
+        server.destroy()

@@ -2,15 +2,19 @@
 
 Beside it: ``session.py`` (the connection, schema checks, single reads), ``schema.py`` (schema,
 statements), ``tables.py`` (the views the core decides over), ``connection.py`` (bounded
-waits, typed errors), ``journal.py`` (rows), ``foresight.py``.
+waits, typed errors), ``journal.py`` (rows), ``foresight.py``, and the writes numbered on the
+server: ``numbered.py``, ``numbered_sql.py``, ``guessed.py``.
 
-One operation is one transaction of two round trips, the core deciding in between (the one
-decision path; nothing of the rules in SQL): (1) BEGIN, this transaction's limits and the head
-row locked (it serialises writers) with the server's clock, and the rows the decision is
-expected to read; (2) the sealed audit rows, the changed claim and task rows, the head, COMMIT
-(with full durability and other writers about, an asynchronous COMMIT and a flush behind it,
-so the head lock is not held across the fsync: ``_write``). What was measured and taken or
-not: README (PostgreSQL) and bench/README.md.
+One operation is one transaction; the core decides (the one decision path; nothing of the
+rules in SQL). A write of one task's claim goes in one round trip over this process's current
+copy of its row (``guessed.py``), or in two with its task locked in the first and the event
+numbered by the server in the second (``numbered.py``). Every other write goes the way this
+module began with: (1) BEGIN, this transaction's limits and the head row locked (it serialises
+writers) with the server's clock, and the rows the decision is expected to read; (2) the
+sealed audit rows, the changed claim and task rows, the head, COMMIT. Either way, with full
+durability and other writers about, the COMMIT is asynchronous and a flush follows it, so no
+lock is held across the fsync (``_commit``). What was measured and taken or not: README
+(PostgreSQL) and bench/README.md.
 
 No ambiguous outcome reaches the caller. Nothing can commit before round trip 2 is sent, so a
 connection lost before then is retried while the ``lock_timeout`` budget lasts, then reported
@@ -18,7 +22,8 @@ as ``StoreUnavailable(committed=False)``. Lost after that, the outcome is found 
 (waiting for a restarting server up to the budget again), wait behind the head lock for the old
 session to end, and look for our first audit line: found, the call returns its result; absent,
 the operation runs again (its tokens were minted by the client: the same request). Only a server
-unreachable for that whole second budget leaves it unknown (``committed=None``).
+unreachable for that whole second budget leaves it unknown (``committed=None``). A write sent in
+one round trip is found out within its own budget instead (``guessed.py``).
 """
 
 from __future__ import annotations

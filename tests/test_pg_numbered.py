@@ -167,6 +167,23 @@ def test_a_stale_copy_is_refused_and_decided_again(postgres_url: str) -> None:
     b.close()
 
 
+def test_a_task_in_the_work_queue_is_claimed_without_a_guess(postgres_url: str) -> None:
+    """A claim looks at the task's queue row, which a guess cannot see: once the process has
+    read that the task is queued, its claims go the two-round-trip way at once instead of
+    sending a guess the server would refuse (its releases, which do not look, still go in one)."""
+    reg = Registry(_url(postgres_url))
+    for _ in range(WARM):
+        reg.release("w", token=reg.claim("w", owner="a").token or "")
+    reg.add("q")
+    reg.release("q", token=reg.claim("q", owner="a").token or "")
+    counts = _paths(reg)
+    for _ in range(3):
+        reg.release("q", token=reg.claim("q", owner="a").token or "")
+    assert counts == Counter(sent=3, guessed=3, numbered=3), counts
+    assert reg.verify().ok
+    reg.close()
+
+
 def test_a_clock_estimate_off_the_server_is_refused(postgres_url: str) -> None:
     """The estimate of the server's clock is an hour off (as if the server's clock jumped):
     the server refuses the guess and the claim is decided at the server's time."""

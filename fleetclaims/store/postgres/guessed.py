@@ -66,6 +66,7 @@ class NumberedWrites:
     _wall: float
     _wall_at: float
     _keys: dict[str, int]
+    _queued: set[str]
     _async: bool
     _crowded: bool
     _flush_after: bool
@@ -150,6 +151,7 @@ class NumberedWrites:
                 and guess.state is not None and len(decision.events) == 1
                 and decision.error is None and len(guess.claims) == 1
                 and set(guess.tasks) <= set(guess.claims) and self._head[0] > 0
+                and not self._queued.intersection(guess.tasks)
                 and decision.events[0].get("type") in numbered.KINDS
                 and not self._closing())
 

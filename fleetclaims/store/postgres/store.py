@@ -151,6 +151,7 @@ class PostgresStore(NumberedWrites, PgSession):
         self.numbering = numbering == "1"
         self._numbers: tuple[int, int, str, str] | None = None  # a lost answer's, as found
         self._keys: dict[str, int] = {}  # task -> its advisory lock key
+        self._queued: set[str] = set()  # tasks last seen in the work queue
         self._guard: tuple[float, float] | None = None  # (guessed.py, while one is sent)
 
     def schema_version(self) -> int:
@@ -306,6 +307,8 @@ class PostgresStore(NumberedWrites, PgSession):
         task_data = {name: orjson.loads(rows[0][0]) for name, rows in
                      zip(task_names, results[2 + len(claims):], strict=True) if rows}
         tasks.preload(task_names, task_data)
+        self._queued.difference_update(task_names)  # (a guess over a queued task would be
+        self._queued.update(task_data)  # refused: guessed.py)
         return table, tasks, now, watch
 
     def _write(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]],

@@ -144,3 +144,23 @@ def test_no_connection_slot_gives_store_overloaded(pg_server: PgServer) -> None:
             Registry(_as(url, role), lock_timeout=1).claim("u", owner="b")
         assert time.monotonic() - started < 3
     assert Registry(_as(url, role)).claim("u", owner="b").fence == 2
+
+
+def test_a_role_the_server_does_not_have_is_told_so(pg_server: PgServer) -> None:
+    """A user name that is no role on the server: AccessDenied naming the fix (not advice to
+    check that the server is running), and the CLI's --json says the same."""
+    url, _ = _fresh(pg_server)
+    with pytest.raises(AccessDenied, match="CREATE ROLE") as denied:
+        Registry(_as(url, "nosuchrole")).claims()
+    assert "does not exist" in str(denied.value)
+
+
+def test_libpq_options_in_the_url_reach_the_server(pg_server: PgServer) -> None:
+    """A URL's libpq parameters keep their percent-encoding (a space as %20 is a space to
+    libpq; written back as "+" it was not, and the connection failed)."""
+    url, _ = _fresh(pg_server)
+    reg = Registry(url + "?options=-c%20work_mem%3D5MB")
+    assert reg.store.query("SHOW work_mem") == [("5MB",)]  # type: ignore[attr-defined]
+    assert "options=-c%20work_mem%3D5MB" in reg.location
+    reg.claim("t", owner="a")
+    reg.close()

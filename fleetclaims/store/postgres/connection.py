@@ -282,6 +282,10 @@ def connect_error(where: str, exc: psycopg.Error) -> FleetclaimsError | None:
             or "permission denied" in text:
         return AccessDenied(where, describe(exc), hint="Check the user name and password "
                             "(PGPASSWORD, ~/.pgpass) and the role's CONNECT right.")
+    if 'role "' in text and "does not exist" in text:
+        return AccessDenied(where, describe(exc), hint="The server has no such role: fix the "
+                            "user name in the URL (or PGUSER), or ask the database owner to "
+                            "CREATE ROLE it WITH LOGIN.")
     if state == "3D000" or ("database" in text and "does not exist" in text):
         return StoreUnavailable(where, describe(exc), hint="Create the database first "
                                 "(createdb), or fix the database name in the URL.")

@@ -30,7 +30,7 @@ import hashlib
 import os
 import re
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -309,7 +309,9 @@ def parse_location(url: str, schema: str | None = None) -> tuple[str, str, str]:
         )
     # (not urlunsplit: it drops the "//" of a URL without a host, the Unix-socket form
     # postgresql:///db?host=/run/postgresql, which libpq then refused)
-    query_text = urlencode(rest)
+    # (percent-encoded as libpq decodes it: urlencode's default writes a space as "+", which
+    # libpq passes on as a plus, so options=-c%20name%3Dvalue broke)
+    query_text = urlencode(rest, quote_via=quote)
     conninfo = f"{parts.scheme}://{parts.netloc}{parts.path}" + (
         f"?{query_text}" if query_text else "")
     try:
@@ -322,7 +324,8 @@ def parse_location(url: str, schema: str | None = None) -> tuple[str, str, str]:
     if "@" in netloc:
         userinfo, _, hostport = netloc.rpartition("@")
         netloc = userinfo.split(":", 1)[0] + "@" + hostport
-    shown = f"{parts.scheme}://{netloc}{parts.path}?{urlencode([*rest, ('schema', chosen)])}"
+    shown = (f"{parts.scheme}://{netloc}{parts.path}?"
+             f"{urlencode([*rest, ('schema', chosen)], quote_via=quote)}")
     return conninfo, chosen, shown
 
 

@@ -96,7 +96,7 @@ def open_store(
                 "libpq5) or pip install 'psycopg[binary]', and check PSYCOPG_IMPL",
                 why=f"is installed but cannot load ({exc})") from None
         return PostgresStore(location, clock=clock, durability=durability,
-                             lock_timeout=lock_timeout, schema=schema)
+                             lock_timeout=lock_timeout, schema=schema, create=create)
     if not create:
         require_registry(location)
     else:

@@ -15,6 +15,7 @@ from fleetclaims import Registry
 from fleetclaims.cli import main
 from fleetclaims.core.errors import (
     AccessDenied,
+    RegistryNotFound,
     SchemaMismatch,
     StoreOverloaded,
     StoreReadOnly,
@@ -164,3 +165,24 @@ def test_libpq_options_in_the_url_reach_the_server(pg_server: PgServer) -> None:
     assert "options=-c%20work_mem%3D5MB" in reg.location
     reg.claim("t", owner="a")
     reg.close()
+
+
+def test_a_read_of_a_schema_that_is_not_there_creates_nothing(pg_server: PgServer) -> None:
+    """A misspelt ?schema= read from the CLI (--dir names it), or opened with create=False:
+    RegistryNotFound, and no schema is left behind; the first write creates it as before."""
+    url, _ = _fresh(pg_server)
+
+    def schemas() -> set[str]:
+        with psycopg.connect(url, autocommit=True) as conn:
+            return {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace")}
+
+    before = schemas()
+    with pytest.raises(RegistryNotFound, match="no fleetclaims schema 'typo_a'"):
+        Registry(url + "?schema=typo_a", create=False).claims()
+    for argv in (["claims", "--json"], ["audit", "verify", "--json"], ["stats", "--json"]):
+        code = main([*argv, "--dir", url + "?schema=typo_b"])
+        assert code == 2, argv
+    assert schemas() == before
+    Registry(url + "?schema=typo_b").claim("t", owner="a")
+    assert schemas() == before | {"typo_b"}
+    assert [c.task for c in Registry(url + "?schema=typo_b", create=False).claims()] == ["t"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from ...core.errors import FleetclaimsError, StoreUnavailable
+from ...core.errors import FleetclaimsError, RegistryNotFound, StoreUnavailable
 from . import connection as pgc
 from . import schema as pgs
 from .schema import SCHEMA_VERSION, Queries, describe
@@ -31,6 +31,7 @@ class PgSession:
     durability: str
     lock_timeout: float
     connect_timeout: float | None
+    create: bool
     sql: Queries
     _s: str
     _mutex: threading.RLock
@@ -148,6 +149,11 @@ class PgSession:
     def _ensure_schema(self, conn: psycopg.Connection[Any]) -> None:
         version = pgs.installed_version(conn, self._s)
         pgs.check_version(version, self.schema, self.location)
+        if version == 0 and not self.create:
+            raise RegistryNotFound(self.location, f"the database has no fleetclaims schema "
+                                   f"{self.schema!r} (a misspelt ?schema= or "
+                                   "FLEETCLAIMS_PG_SCHEMA?); `fleetclaims db migrate` or a "
+                                   "first write creates it")
         if version < SCHEMA_VERSION:
             pgs.migrate(conn, self.schema, self.location)
         self._schema_ok = True

@@ -106,6 +106,7 @@ class PostgresStore(NumberedWrites, PgSession):
         lock_timeout: float = 10.0,
         schema: str | None = None,
         connect_timeout: float | None = None,
+        create: bool = True,
     ) -> None:
         if durability not in ("full", "process"):
             raise ValueError("durability must be 'full' or 'process'")
@@ -118,6 +119,7 @@ class PostgresStore(NumberedWrites, PgSession):
         self.durability = durability
         self.lock_timeout = float(lock_timeout)
         self.connect_timeout = connect_timeout
+        self.create = create  # False: a schema not there is refused (session.py), not made
         self._mutex = fork_safe_mutex(self)
         self._conn: psycopg.Connection[Any] | None = None
         self._pid = -1
@@ -140,14 +142,12 @@ class PostgresStore(NumberedWrites, PgSession):
         self._flush_after = True
         self._crowded = False  # whether others wrote between our last two operations
         self._async = False  # whether this transaction's write was begun with an async commit
-        # One task's claim, renewal, release or completion is numbered in its commit's message
-        # (numbered.py). FLEETCLAIMS_PG_NUMBERED=0 turns it off (every write locks the head
-        # row first, as before schema 6: measured against in bench/pg_bench.py).
+        # A write of one task is numbered by the server (numbered.py, guessed.py); with
+        # FLEETCLAIMS_PG_NUMBERED=0 every write locks the head row first, as before schema 6.
         numbering = os.environ.get("FLEETCLAIMS_PG_NUMBERED") or "1"
         if numbering not in ("0", "1"):
             raise ValidationError("FLEETCLAIMS_PG_NUMBERED", "must be 0 or 1 (a value from the "
-                                  "environment: fix or unset FLEETCLAIMS_PG_NUMBERED)",
-                                  value=numbering)
+                                  "environment: fix or unset it)", value=numbering)
         self.numbering = numbering == "1"
         self._numbers: tuple[int, int, str, str] | None = None  # a lost answer's, as found
         self._keys: dict[str, int] = {}  # task -> its advisory lock key

@@ -357,3 +357,37 @@ def test_format_3_snapshot_loads_and_is_rewritten_as_format_4(tmp_path: Path) ->
         loaded.store.read())
     loaded.close()
 
+
+
+def test_a_task_with_no_line_is_searched_for_once(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """claim_next looks up the claim of every open task it walks, and most have none: the
+    table remembers which tasks have no line in its (never changing) bytes instead of binary
+    searching both sections on every lookup; a claim set afterwards is still found, a copy
+    answers the same."""
+    reg, _, _ = varied_registry(tmp_path / "r")
+    reg.close()
+    claims = decode_snapshot((tmp_path / "r" / "claims.json").read_bytes()).state.claims
+    assert isinstance(claims, SnapshotClaims)
+    from fleetclaims.store.file import snapshot_table
+
+    searches: list[bytes] = []
+    real = snapshot_table.find_line  # type: ignore[attr-defined]  # (as the table calls it)
+
+    def counted(data: Any, section: Any, probe: bytes) -> Any:
+        searches.append(probe)
+        return real(data, section, probe)
+
+    monkeypatch.setattr(snapshot_table, "find_line", counted)
+    for _ in range(5):
+        assert claims.get("open-task") is None and "open-task" not in claims
+    assert len(searches) == 2  # (the live and the ended section, once)
+    assert claims.get("done") is not None and claims.get("plain-0") is not None
+    clone = claims.copy()
+    before = len(searches)
+    assert clone.get("open-task") is None and len(searches) == before
+    claim = claims.get("done")
+    assert claim is not None
+    claims["open-task"] = claim.evolve(task="open-task")
+    got = claims.get("open-task")
+    assert got is not None and got.task == "open-task" and "open-task" in claims

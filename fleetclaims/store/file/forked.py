@@ -23,7 +23,7 @@ from ...core.state import ClaimTable
 from ...system import background_priority, current_pid
 from . import fsutil, rest
 from .snapshot import SnapshotClaims, adoptable, snapshot_position
-from .snapshot_table import Section
+from .snapshot_lines import Section
 
 if TYPE_CHECKING:
     from .store import FileStore

@@ -28,9 +28,9 @@ from . import fsutil
 from .faults import crash_point, osc
 from .journal import line_before
 from .lock import swapping
+from .snapshot_lines import Section
 from .snapshot_table import (
     Packer,
-    Section,
     SnapshotClaims,
     encode_all,
     encode_sections,
@@ -38,7 +38,7 @@ from .snapshot_table import (
 )
 
 if TYPE_CHECKING:
-    from .snapshot_table import Buffer
+    from .snapshot_lines import Buffer
 
 __all__ = ["Snapshot", "SnapshotClaims", "SnapshotError", "adoptable", "claim_records",
            "decode_snapshot",

@@ -258,15 +258,11 @@ def back_to(conn: psycopg.Connection[Any], schema: str, version: int) -> None:
     the claims table's owner and state indexes back."""
     s = f'"{schema}"'
     conn.execute(f"ALTER TABLE {s}.head DROP COLUMN prev")
-    conn.execute(f"""CREATE OR REPLACE FUNCTION {s}.head_guard() RETURNS trigger
-        LANGUAGE plpgsql AS $$
-        BEGIN
-            IF NEW.seq < OLD.seq OR NEW.fence < OLD.fence THEN
-                RAISE EXCEPTION 'fleetclaims: seq and fence never go back (% -> %, % -> %)',
-                    OLD.seq, NEW.seq, OLD.fence, NEW.fence;
-            END IF;
-            RETURN NEW;
-        END $$""")
+    from fleetclaims.store.postgres.schema import migrations
+
+    # (schema 1's head guard, as it stood until schema 6 replaced it)
+    guard = next(st for st in migrations(s)[1] if "head_guard() RETURNS" in st)
+    conn.execute(guard.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
     if version == 5:
         conn.execute(f"DELETE FROM {s}.schema_version WHERE version > 5")
         return

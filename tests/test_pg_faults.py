@@ -204,6 +204,20 @@ def _kill_and_restart(server: PgServer, point: str, lose_answer: bool,
     return hook
 
 
+def _killed_at(server: PgServer, point: str, call: Callable[[], Any]) -> Any:
+    """``call()`` with the server killed at ``point`` (and the answer lost at the last one);
+    the server is up again before this returns."""
+    restarts: list[threading.Timer] = []
+    faults.set_crash_hook(_kill_and_restart(server, point, point == "pg.commit_answer",
+                                            restarts))
+    try:
+        return call()
+    finally:
+        faults.set_crash_hook(None)
+        for restart in restarts:
+            restart.join()
+
+
 Op = Callable[[Registry, FakeClock], tuple[str, str, Callable[[], Any]]]
 
 
@@ -271,15 +285,7 @@ def test_server_killed_at_each_point_returns_the_result_once(
         other.claim("elsewhere", owner="z")
         other.close()
     before = _count(reg, kind, task)
-    restarts: list[threading.Timer] = []
-    faults.set_crash_hook(_kill_and_restart(own_server, point, point == "pg.commit_answer",
-                                            restarts))
-    try:
-        result = call()
-    finally:
-        faults.set_crash_hook(None)
-        for restart in restarts:  # the server is up again before the next test
-            restart.join()
+    result = _killed_at(own_server, point, call)
     assert result is not None and result is not False
     assert _count(reg, kind, task) == before + 1
     assert reg.verify().ok
@@ -318,15 +324,7 @@ def test_server_killed_during_a_one_round_trip_write_returns_the_result_once(
 
     store._attempt_guessed = counted  # type: ignore[method-assign,assignment]
     before = _count(reg, kind, task)
-    restarts: list[threading.Timer] = []
-    faults.set_crash_hook(_kill_and_restart(own_server, point, point == "pg.commit_answer",
-                                            restarts))
-    try:
-        result = call()
-    finally:
-        faults.set_crash_hook(None)
-        for restart in restarts:
-            restart.join()
+    result = _killed_at(own_server, point, call)
     assert sent and result is not None and result is not False
     assert _count(reg, kind, task) == before + 1
     assert reg.verify().ok

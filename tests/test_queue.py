@@ -524,3 +524,35 @@ def test_compact_task_records_round_trip(record: queue.Task) -> None:
     assert len(compact) <= len(record.to_dict())
     if record.task == "plain":
         assert set(compact) == {"task", "added_at", "seq", "eid"}
+
+
+def test_a_patch_and_a_repriced_grant_carry_every_field() -> None:
+    """TaskPatch.over and rules.repriced build their results field by field (for speed): each
+    agrees with dataclasses.replace on a record whose every field is set, for every patch
+    field given, cleared or left out, so a field added to Task or Grant cannot be dropped."""
+    import dataclasses
+
+    from fleetclaims.core import rules
+    from fleetclaims.core.model import Identity, Task
+    from fleetclaims.core.reserve import Reservation
+
+    current = Task(task="t", priority=3, depends_on=("a",), labels=("x",), note="n",
+                   title="ti", description="d", added_at=5.0, added_by="me",
+                   blocked="why", blocked_by="op", seq=9, eid="e9", changed_at=6.0)
+    assert all(getattr(current, f.name) != f.default for f in dataclasses.fields(Task)
+               if f.default is not dataclasses.MISSING)
+    cases: list[dict[str, Any]] = [
+        {}, {"priority": 0}, {"depends_on": ()}, {"labels": ("y", "z")}, {"note": ""},
+        {"title": "new"}, {"description": ""},
+        {"priority": 7, "note": "m", "title": "", "depends_on": ("b",)}]
+    for patched in cases:
+        patch = queue.TaskPatch(task="t", **patched)
+        changes: dict[str, Any] = {k: (None if v == "" else v) for k, v in patched.items()}
+        assert patch.over(current) == dataclasses.replace(current, **changes), patched
+        fresh = dataclasses.replace(Task("t"), **changes)
+        assert patch.over(None) == fresh, patched
+    grant = rules.Grant(owner="o", token_hash="h", ttl=5.0, priority=4, note="n",
+                        metadata={"k": 1}, identity=Identity("host", pid=12),
+                        phase="review", paths=Reservation(("src/**",), ("docs/*",)))
+    assert rules.repriced(grant, 9) == dataclasses.replace(grant, priority=9)
+    assert rules.repriced(grant, 4) is grant

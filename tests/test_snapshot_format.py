@@ -391,3 +391,68 @@ def test_a_task_with_no_line_is_searched_for_once(tmp_path: Path,
     claims["open-task"] = claim.evolve(task="open-task")
     got = claims.get("open-task")
     assert got is not None and got.task == "open-task" and "open-task" in claims
+
+
+def test_a_large_section_is_narrowed_by_a_sample_to_the_same_answer() -> None:
+    """A large section is searched inside the window its sampled heads leave: for every name
+    present, every name absent (before the first, between each pair, after the last) and names
+    sharing more than the sampled head's bytes, the answer (line, or where it would go) is the
+    plain binary search's."""
+    from fleetclaims.store.file.snapshot_lines import (
+        SAMPLE_HEAD,
+        SAMPLE_MIN,
+        SEP,
+        find_line,
+        narrow,
+        sample,
+    )
+
+    long = "x" * (SAMPLE_HEAD + 7)  # names that agree beyond every sampled head
+    names = sorted({f"t{i:05d}" for i in range(0, 3000, 2)}
+                   | {f"{long}{i:04d}" for i in range(0, 600, 3)}
+                   | {f"a.{i}" for i in range(40)},
+                   key=lambda n: orjson.dumps(n))
+    lines = [orjson.dumps(n) + b":" + orjson.dumps({"owner": "w" * (i % 50), "fence": i})
+             for i, n in enumerate(names)]
+    head = b'{"format":4,"claims":{\n'
+    data = head + SEP.join(lines) + b"\n}}"
+    section = (len(head), len(head) + len(SEP.join(lines)))
+    assert section[1] - section[0] >= SAMPLE_MIN  # (large enough to be narrowed)
+    samples = sample(data, section)
+    assert len(samples[1]) > 10
+    absent = ([f"t{i:05d}" for i in range(-1, 3002, 2)] + [f"{long}{i:04d}" for i in range(601)]
+              + ["", "a", "a.", "zz", "0", long, long + "9999", long[:SAMPLE_HEAD]])
+    for name in names + absent:
+        probe = orjson.dumps(name) + b":"
+        window = narrow(samples, section, probe)
+        assert section[0] <= window[0] <= window[1] <= section[1]
+        assert find_line(data, window, probe) == find_line(data, section, probe), name
+    for name in names:
+        ls, ce, found = find_line(data, narrow(samples, section, orjson.dumps(name) + b":"),
+                                  orjson.dumps(name) + b":")
+        assert found and orjson.loads(b"{" + data[ls:ce] + b"}")[name]["fence"] >= 0
+    # A sampled name with an escape could hold '":' inside it: that section is searched whole.
+    odd = [orjson.dumps(f'q":{i:05d}') + b':{"fence":1}' for i in range(9000)]
+    odd_data = SEP.join(odd)
+    escaped = sample(odd_data, (0, len(odd_data)))
+    assert escaped == ([], []) and narrow(escaped, (0, 9), b'"a":') == (0, 9)
+
+
+def test_every_claim_of_a_large_snapshot_is_found_after_a_load(tmp_path: Path) -> None:
+    """Through the table: a registry whose ended section is large enough to be narrowed
+    finds every claim it holds, and none of the tasks it never claimed."""
+    reg = Registry(tmp_path / "r", durability="process")
+    done = [f"done-{i:04d}" for i in range(600)]
+    for task in done:
+        reg.complete(task, token=token_of(reg.claim(task, owner="w", ttl=3600)))
+    reg.claim("held", owner="w", ttl=3600)
+    reg.close()  # (at rest: claims.json holds the journal's head)
+    claims = decode_snapshot((tmp_path / "r" / "claims.json").read_bytes()).state.claims
+    assert isinstance(claims, SnapshotClaims)
+    for task in done:
+        claim = claims.get(task)
+        assert claim is not None and claim.task == task and claim.state == "completed"
+    assert claims.get("held") is not None
+    for task in ("done-", "done-0600", "done-00000", "a", "zzz"):
+        assert claims.get(task) is None
+    assert claims._samples  # (the ended section was large enough to be narrowed)

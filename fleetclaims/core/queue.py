@@ -14,7 +14,7 @@ Pure like the rest of ``core``: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .errors import DependencyCycle, TaskNotReady, UnknownTask, ValidationError
@@ -128,17 +128,36 @@ class TaskPatch:
     description: str | None = None
 
     def over(self, current: Task | None) -> Task:
-        """The task as this add leaves ``current`` (None: not queued yet)."""
+        """The task as this add leaves ``current`` (None: not queued yet). Built field by
+        field: ``dataclasses.replace`` costs ~8 us of introspection, on every ``add`` of a
+        work queue (tests/test_queue.py checks every field against it)."""
         base = current if current is not None else Task(self.task)
-        given: dict[str, Any] = {}
-        for name in _PATCHED:
-            value = getattr(self, name)
-            if value is not None:
-                given[name] = None if value == "" else value
-        return replace(base, **given) if given else base
+        return Task(
+            task=base.task,
+            priority=base.priority if self.priority is None else self.priority,
+            depends_on=base.depends_on if self.depends_on is None else self.depends_on,
+            labels=base.labels if self.labels is None else self.labels,
+            note=_text(self.note, base.note),
+            title=_text(self.title, base.title),
+            description=_text(self.description, base.description),
+            added_at=base.added_at,
+            added_by=base.added_by,
+            blocked=base.blocked,
+            blocked_by=base.blocked_by,
+            seq=base.seq,
+            eid=base.eid,
+            changed_at=base.changed_at,
+        )
 
 
 _PATCHED = ("priority", "depends_on", "labels", "note", "title", "description")
+
+
+def _text(given: str | None, current: str | None) -> str | None:
+    """A text field of an add: not given keeps it, an empty text clears it."""
+    if given is None:
+        return current
+    return given or None
 
 
 def depend_patch(current: Task, on: Iterable[str]) -> TaskPatch:

@@ -36,7 +36,17 @@ from ...core.errors import RegistryCorrupt
 from ...core.model import DEFAULT_PHASE, LISTING_BASE, Claim
 from ...core.ports import ClaimView
 from ...core.state import ClaimTable
-from .snapshot_lines import SEP, Section, find_line, parse_line, section_lines
+from .snapshot_lines import (
+    SAMPLE_MIN,
+    SEP,
+    Samples,
+    Section,
+    find_line,
+    narrow,
+    parse_line,
+    sample,
+    section_lines,
+)
 
 # A packed entry leaves out its task (the key), state "active", priority 100, and renewed_at
 # when it equals claimed_at; it names its owner process by its index in "identities".
@@ -182,7 +192,7 @@ class SnapshotClaims(ClaimTable):
     of ``_data`` (formats 3/4), found by binary search."""
 
     __slots__ = ("_count", "_data", "_ended", "_gone", "_hot", "_identities", "_live",
-                 "_nowhere", "_refs", "_rewrite")
+                 "_nowhere", "_refs", "_rewrite", "_samples")
 
     def __init__(self, raw: dict[str, Any] | None = None) -> None:
         super().__init__(raw)
@@ -199,6 +209,7 @@ class SnapshotClaims(ClaimTable):
         # that has no claim, as claim_next makes of every open task it walks, was two binary
         # searches each time (16% of a work-queue cycle's CPU).
         self._nowhere: set[str] = set()
+        self._samples: dict[Section, Samples] = {}  # of the large sections, once searched
 
     @classmethod
     def over(cls, data: Buffer, live: Section, ended: Section,
@@ -216,13 +227,22 @@ class SnapshotClaims(ClaimTable):
             return None
         probe = orjson.dumps(task) + b":"
         for section in (self._live, self._ended):
-            ls, ce, found = find_line(self._data, section, probe)
+            ls, ce, found = self._find(section, probe)
             if found:
                 return section, ls, ce
         if len(self._nowhere) >= NOWHERE_MAX:
             self._nowhere.clear()
         self._nowhere.add(task)
         return None
+
+    def _find(self, section: Section, probe: bytes) -> tuple[int, int, bool]:
+        """``find_line`` in ``section`` of _data, narrowed first when the section is large."""
+        if section[1] - section[0] >= SAMPLE_MIN:
+            samples = self._samples.get(section)
+            if samples is None:
+                samples = self._samples[section] = sample(self._data, section)
+            return find_line(self._data, narrow(samples, section, probe), probe)
+        return find_line(self._data, section, probe)
 
     def _decode(self, task: str) -> Claim | None:
         """``task``'s claim from _data (not kept), or None when it has no line there."""
@@ -394,6 +414,7 @@ class SnapshotClaims(ClaimTable):
         clone._hot = dict(self._hot)
         clone._gone = set(self._gone)
         clone._nowhere = set(self._nowhere)
+        clone._samples = self._samples  # (of the same bytes: shared)
         clone._count, clone._refs, clone._rewrite = self._count, self._refs, self._rewrite
         return clone
 
@@ -506,7 +527,7 @@ def encode_sections(table: SnapshotClaims, packer: Packer) -> tuple[Pieces, Piec
     refs.update(packer.used)
     out = []
     for section, live in ((table._live, True), (table._ended, False)):
-        placed = [(find_line(data, section, probe)[0], line) for probe, line in inserts[live]]
+        placed = [(table._find(section, probe)[0], line) for probe, line in inserts[live]]
         out.append(_runs(data, section, cuts[section], placed))
     return out[0], out[1], +refs
 

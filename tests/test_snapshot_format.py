@@ -13,6 +13,8 @@ from typing import Any
 import orjson
 import pytest
 from fc_support import file_store, journal_lines, replay, token_of
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fleetclaims import Registry
 from fleetclaims.cli import main
@@ -456,3 +458,35 @@ def test_every_claim_of_a_large_snapshot_is_found_after_a_load(tmp_path: Path) -
     for task in ("done-", "done-0600", "done-00000", "a", "zzz"):
         assert claims.get(task) is None
     assert claims._samples  # (the ended section was large enough to be narrowed)
+
+
+_NAME = st.text(alphabet="ab0.:/#=,~-", min_size=1, max_size=70).map(lambda s: "a" + s)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(names=st.sets(_NAME, min_size=1, max_size=400), probes=st.lists(_NAME, max_size=30),
+       pad=st.integers(min_value=0, max_value=300), every=st.sampled_from([64, 256, 4096]))
+def test_narrowing_agrees_with_the_plain_search(names: set[str], probes: list[str], pad: int,
+                                                every: int) -> None:
+    """Random task names of the allowed characters (long shared prefixes, names that are
+    prefixes of others), lines of random lengths, samples at several spacings: the narrowed
+    search answers as the plain one, for the names present and for random others."""
+    from fleetclaims.store.file import snapshot_lines as sl
+
+    ordered = sorted(names, key=lambda n: orjson.dumps(n))
+    lines = [orjson.dumps(n) + b':{"owner":"' + b"w" * ((i * 37 + pad) % 300) + b'"}'
+             for i, n in enumerate(ordered)]
+    head = b"x" * pad + b'"claims":{\n'
+    body = sl.SEP.join(lines)
+    data = head + body + b"\n}"
+    section = (len(head), len(head) + len(body))
+    real = sl.SAMPLE_EVERY
+    sl.SAMPLE_EVERY = every  # (denser samples exercise more window edges on small inputs)
+    try:
+        samples = sl.sample(data, section)
+    finally:
+        sl.SAMPLE_EVERY = real
+    for name in ordered + probes:
+        probe = orjson.dumps(name) + b":"
+        got = sl.find_line(data, sl.narrow(samples, section, probe), probe)
+        assert got == sl.find_line(data, section, probe), name

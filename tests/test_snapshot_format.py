@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -490,3 +491,38 @@ def test_narrowing_agrees_with_the_plain_search(names: set[str], probes: list[st
         probe = orjson.dumps(name) + b":"
         got = sl.find_line(data, sl.narrow(samples, section, probe), probe)
         assert got == sl.find_line(data, section, probe), name
+
+
+def test_a_fresh_handle_refuses_every_task_held_in_a_large_live_section(tmp_path: Path) -> None:
+    """End to end, the lookup that keeps one live holder: 1,500 live claims (a live section
+    well over the size that is narrowed by samples), a fresh process-like handle loading them
+    from claims.json refuses another owner's claim of each held task and shows its holder."""
+    from fleetclaims import ClaimConflict
+
+    reg = Registry(tmp_path / "r", durability="process")
+    held = [f"area-{i % 7}/task.{i:05d}" for i in range(1500)]
+    for task in held:
+        reg.claim(task, owner="holder", ttl=3600)
+    reg.close()
+    fresh = Registry(tmp_path / "r", durability="process")
+    try:
+        for task in held:
+            with pytest.raises(ClaimConflict):
+                fresh.claim(task, owner="intruder", ttl=60)
+            got = fresh.get(task)
+            assert got is not None and got.owner == "holder"
+    finally:
+        fresh.close()
+    # The table as loaded from the file, once the at-rest snapshot (written by a helper for a
+    # large registry) covers every claim: the same lookups.
+    deadline = time.monotonic() + 30
+    while True:
+        claims = decode_snapshot((tmp_path / "r" / "claims.json").read_bytes()).state.claims
+        if len(claims) >= len(held) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert isinstance(claims, SnapshotClaims)
+    for task in held:
+        got = claims.get(task)
+        assert got is not None and got.owner == "holder" and got.live
+    assert claims._live in claims._samples  # (the live section was narrowed, not searched whole)

@@ -25,6 +25,7 @@ from fleetclaims.store.file.snapshot import (
     SnapshotError,
     decode_snapshot,
     encode_snapshot,
+    read_snapshot,
 )
 from fleetclaims.testing import FakeClock, FakeProber
 
@@ -494,13 +495,14 @@ def test_narrowing_agrees_with_the_plain_search(names: set[str], probes: list[st
 
 
 def test_a_fresh_handle_refuses_every_task_held_in_a_large_live_section(tmp_path: Path) -> None:
-    """End to end, the lookup that keeps one live holder: 1,500 live claims (a live section
-    well over the size that is narrowed by samples), a fresh process-like handle loading them
-    from claims.json refuses another owner's claim of each held task and shows its holder."""
+    """End to end, the lookup that keeps one live holder: 4,000 live claims (a live section
+    well over the size that is narrowed by samples, in a claims.json large enough to be read
+    into an mmap), a fresh handle loading them from claims.json refuses another owner's claim
+    of each held task and shows its holder."""
     from fleetclaims import ClaimConflict
 
     reg = Registry(tmp_path / "r", durability="process")
-    held = [f"area-{i % 7}/task.{i:05d}" for i in range(1500)]
+    held = [f"area-{i % 7}/task.{i:05d}" for i in range(4000)]
     for task in held:
         reg.claim(task, owner="holder", ttl=3600)
     reg.close()
@@ -517,11 +519,15 @@ def test_a_fresh_handle_refuses_every_task_held_in_a_large_live_section(tmp_path
     # large registry) covers every claim: the same lookups.
     deadline = time.monotonic() + 30
     while True:
-        claims = decode_snapshot((tmp_path / "r" / "claims.json").read_bytes()).state.claims
+        loaded, problem = read_snapshot(tmp_path / "r" / "claims.json")  # (as a handle reads)
+        assert loaded is not None, problem
+        claims = loaded.state.claims
         if len(claims) >= len(held) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     assert isinstance(claims, SnapshotClaims)
+    assert (tmp_path / "r" / "claims.json").stat().st_size >= 1 << 20
+    assert not isinstance(claims._data, bytes)  # (read into an mmap: find and slices on it)
     for task in held:
         got = claims.get(task)
         assert got is not None and got.owner == "holder" and got.live

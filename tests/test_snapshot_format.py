@@ -435,6 +435,17 @@ def test_a_large_section_is_narrowed_by_a_sample_to_the_same_answer() -> None:
         ls, ce, found = find_line(data, narrow(samples, section, orjson.dumps(name) + b":"),
                                   orjson.dumps(name) + b":")
         assert found and orjson.loads(b"{" + data[ls:ce] + b"}")[name]["fence"] >= 0
+    # Names the validator refuses but a journal could carry (a name starting with ':') cut
+    # their sampled heads after the opening quote all the same.
+    colons = sorted((f":{i:04d}" for i in range(3000)), key=lambda n: orjson.dumps(n))
+    colon_data = SEP.join(orjson.dumps(n) + b':{"fence":1}' for n in colons)
+    colon_section = (0, len(colon_data))
+    colon_samples = sample(colon_data, colon_section)
+    assert colon_samples[1]
+    for name in [*colons[::7], ":", ":9999", ":0000x"]:
+        probe = orjson.dumps(name) + b":"
+        assert (find_line(colon_data, narrow(colon_samples, colon_section, probe), probe)
+                == find_line(colon_data, colon_section, probe)), name
     # A sampled name with an escape could hold '":' inside it: that section is searched whole.
     odd = [orjson.dumps(f'q":{i:05d}') + b':{"fence":1}' for i in range(9000)]
     odd_data = SEP.join(odd)

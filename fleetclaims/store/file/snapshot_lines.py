@@ -67,7 +67,7 @@ def sample(data: Buffer, section: Section) -> Samples:
         if ls <= 0 or ls >= end:
             break
         head = data[ls : ls + SAMPLE_HEAD]
-        cut = head.find(b'":')
+        cut = head.find(b'":', 1)  # (after the opening quote: a name may start with ':')
         if cut >= 0:
             head = head[: cut + 2]  # (the probe's form: the JSON-encoded name and ":")
         if b"\\" in head:

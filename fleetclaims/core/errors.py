@@ -416,7 +416,7 @@ class StoreUnavailable(FleetclaimsError):
         self.reason = reason
         self.committed = committed
         state = {
-            False: "the change was not committed",
+            False: _NOT_COMMITTED,
             None: "whether the change committed is unknown; read it back before retrying",
             True: "the change was committed",
         }[committed]
@@ -424,6 +424,17 @@ class StoreUnavailable(FleetclaimsError):
             f"store {where} unavailable: {reason}; {state}.",
             hint=hint or "Check that the server is running and reachable, then retry.",
         )
+
+    def as_read(self) -> StoreUnavailable:
+        """This error as a read met it: there was no change to commit, so the message says
+        nothing was written (same class, same fields, ``committed`` still False)."""
+        if self.committed is False and _NOT_COMMITTED in self.message:
+            self.message = self.message.replace(_NOT_COMMITTED, "nothing was written (a read)")
+            self.args = (self.message if self.hint is None else f"{self.message} {self.hint}",)
+        return self
+
+
+_NOT_COMMITTED = "the change was not committed"
 
 
 class StoreReadOnly(StoreUnavailable):

@@ -175,22 +175,29 @@ class PgSession:
         with self._mutex:
             if self._in_txn:
                 return self._require_conn().execute(sql, params).fetchall()
-            deadline = time.monotonic() + self.budget
-            while True:
-                conn = self._connection(deadline)
-                self._watchdog.arm(conn, deadline + pgc.GRACE_S)
-                try:
-                    return conn.execute(sql, params).fetchall()
-                except psycopg.Error as exc:
-                    if pgc.is_lost(conn, exc):
-                        error = self._typed(exc)
-                        self._drop_connection()
-                        if time.monotonic() < deadline:
-                            continue
-                        raise error from None
-                    raise self._typed(exc) from None
-                finally:
-                    self._watchdog.disarm()
+            try:
+                return self._query_alone(sql, params)
+            except StoreUnavailable as exc:
+                raise exc.as_read() from None  # ("the change was not committed" misleads a read)
+
+    def _query_alone(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """``query`` outside a transaction (the caller holds the mutex)."""
+        deadline = time.monotonic() + self.budget
+        while True:
+            conn = self._connection(deadline)
+            self._watchdog.arm(conn, deadline + pgc.GRACE_S)
+            try:
+                return conn.execute(sql, params).fetchall()
+            except psycopg.Error as exc:
+                if pgc.is_lost(conn, exc):
+                    error = self._typed(exc)
+                    self._drop_connection()
+                    if time.monotonic() < deadline:
+                        continue
+                    raise error from None
+                raise self._typed(exc) from None
+            finally:
+                self._watchdog.disarm()
 
     def _require_conn(self) -> psycopg.Connection[Any]:
         assert self._conn is not None

@@ -426,10 +426,11 @@ class StoreUnavailable(FleetclaimsError):
         )
 
     def as_read(self) -> StoreUnavailable:
-        """This error as a read met it: there was no change to commit, so the message says
-        nothing was written (same class, same fields, ``committed`` still False)."""
+        """This error as a statement outside any write transaction met it (a read, or the
+        server's clock read before deciding): there was no change to commit, so the message
+        says nothing was written (same class, same fields, ``committed`` still False)."""
         if self.committed is False and _NOT_COMMITTED in self.message:
-            self.message = self.message.replace(_NOT_COMMITTED, "nothing was written (a read)")
+            self.message = self.message.replace(_NOT_COMMITTED, "nothing was written")
             self.args = (self.message if self.hint is None else f"{self.message} {self.hint}",)
         return self
 

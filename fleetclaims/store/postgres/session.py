@@ -178,7 +178,7 @@ class PgSession:
             try:
                 return self._query_alone(sql, params)
             except StoreUnavailable as exc:
-                raise exc.as_read() from None  # ("the change was not committed" misleads a read)
+                raise exc.as_read() from None  # (no write transaction: "not committed" misleads)
 
     def _query_alone(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         """``query`` outside a transaction (the caller holds the mutex)."""

@@ -339,3 +339,34 @@ def test_event_types_of_failure_free_run(tmp_path: Path, baselines: dict[str, Pa
     assert out["failure"] is None and out["acked"] == 12
     kinds = [e["type"] for e in events_of(directory) if e.get("owner") == "io"]
     assert kinds.count(ev.CLAIM_CREATED) == 4
+
+
+def test_an_armed_fault_is_taken_only_by_the_thread_that_armed_it(tmp_path: Path) -> None:
+    """A handle an earlier test left open settles in a background thread; its fdatasync once
+    took the fault armed for the operation under test, which then did not fail (CI flake in
+    test_cut_back_never_strands_a_snapshot_ahead_of_the_journal). Another thread's calls
+    neither fail nor count; the arming thread's first call fails."""
+    import threading
+
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        faults.arm_os_fault("fdatasync", 1, OSError(errno.EIO, "injected"))
+        outcome: list[BaseException | None] = []
+
+        def other() -> None:
+            try:
+                faults.osc.fdatasync(fd)
+                outcome.append(None)
+            except BaseException as exc:  # (reported to the test thread)
+                outcome.append(exc)
+
+        worker = threading.Thread(target=other)
+        worker.start()
+        worker.join()
+        assert outcome == [None]
+        with pytest.raises(OSError, match="injected"):
+            faults.osc.fdatasync(fd)
+        faults.osc.fdatasync(fd)  # (the 2nd use: not armed)
+    finally:
+        faults.disarm()
+        os.close(fd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -75,9 +76,12 @@ def set_crash_hook(hook: Callable[[str], None] | None) -> None:
 
 def arm_os_fault(call: str, nth: int, error: BaseException | Callable[..., Any]) -> None:
     """Make the ``nth`` use (1-based, counted from now) of OS call ``call`` fail with ``error``
-    (an exception to raise, or a callable that replaces the call, e.g. for a short write)."""
+    (an exception to raise, or a callable that replaces the call, e.g. for a short write).
+    Only the arming thread's uses count: the idle keeper of a handle some earlier test left
+    open, settling it in the background, once took a fault meant for the operation under
+    test (which then did not fail)."""
     FAULTS.counts[call] = 0
-    FAULTS.os_faults[call] = [nth, error]
+    FAULTS.os_faults[call] = [nth, error, threading.get_ident()]
 
 
 def disarm() -> None:
@@ -91,7 +95,7 @@ class _OS:
 
     def _call(self, name: str, real: Callable[..., Any], *args: Any) -> Any:
         fault = FAULTS.os_faults.get(name)
-        if fault is not None:
+        if fault is not None and fault[2] == threading.get_ident():
             FAULTS.counts[name] = FAULTS.counts.get(name, 0) + 1
             if FAULTS.counts[name] == fault[0]:
                 error = fault[1]

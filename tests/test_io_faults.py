@@ -370,3 +370,28 @@ def test_an_armed_fault_is_taken_only_by_the_thread_that_armed_it(tmp_path: Path
     finally:
         faults.disarm()
         os.close(fd)
+
+
+def test_an_armed_fault_is_not_taken_by_a_handle_left_as_garbage(tmp_path: Path) -> None:
+    """A handle an earlier test left unreachable (held in a reference cycle, e.g. by a
+    traceback) is finalized by the garbage collector on whatever thread allocates next: its
+    close settles the files with an fdatasync, which took the fault armed for the operation
+    under test (the same CI flake, on the arming thread). Arming collects such garbage first."""
+    import gc
+
+    left = fleetclaims.Registry(tmp_path / "left")
+    left.claim("t", owner="a", ttl=600)  # unsettled: its close owes an fdatasync
+    cycle: list[object] = [left]
+    cycle.append(cycle)
+    del left, cycle
+    gc.disable()  # (so only the arming can collect it)
+    try:
+        reg = fleetclaims.Registry(tmp_path / "used")
+        reg.claim("warm", owner="a", ttl=600)
+        faults.arm_os_fault("fdatasync", 1, OSError(errno.EIO, "injected"))
+        gc.collect()  # a collection during the test: the old handle must not take the fault
+        with pytest.raises(DurabilityError):
+            reg.claim("x", owner="a", ttl=600)
+    finally:
+        gc.enable()
+        faults.disarm()

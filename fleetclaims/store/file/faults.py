@@ -8,6 +8,7 @@ environment variable ``FLEETCLAIMS_CRASH_AT=point[:n]`` (die by SIGKILL at the n
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -79,7 +80,10 @@ def arm_os_fault(call: str, nth: int, error: BaseException | Callable[..., Any])
     (an exception to raise, or a callable that replaces the call, e.g. for a short write).
     Only the arming thread's uses count: the idle keeper of a handle some earlier test left
     open, settling it in the background, once took a fault meant for the operation under
-    test (which then did not fail)."""
+    test (which then did not fail). Handles left unreachable by earlier code are finalized
+    first, for the same reason: a garbage collection during the test runs their ``close`` (it
+    settles the files at rest, with an fdatasync) on the arming thread."""
+    gc.collect()
     FAULTS.counts[call] = 0
     FAULTS.os_faults[call] = [nth, error, threading.get_ident()]
 

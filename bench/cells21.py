@@ -119,7 +119,9 @@ def section_sizes(cfg: Any, work: Any, log: Any) -> list[dict[str, Any]]:
 def section_queue(cfg: Any, log: Any) -> dict[str, Any]:
     import queue_bench
 
-    n, cycles = 10_000, 300 if cfg.quick else 1000
+    # 1,000 cycles in --quick too: 300 held no checkpoint (one per ~350 cycles here) and read
+    # 0.96-1.08x where 1,000 read 0.90-0.93x (bench/README.md, tenth round).
+    n, cycles = 10_000, 1000
     fc, sq, first = [], [], []
     for rep in range(cfg.reps):
         order = ("fc", "sq") if rep % 2 == 0 else ("sq", "fc")

@@ -395,3 +395,25 @@ def test_an_armed_fault_is_not_taken_by_a_handle_left_as_garbage(tmp_path: Path)
     finally:
         gc.enable()
         faults.disarm()
+
+
+def test_a_crash_hook_is_not_reached_by_a_handle_left_as_garbage(tmp_path: Path) -> None:
+    """The same for crash points: a handle left in a reference cycle, finalized during a test,
+    settles on its way out and passes the snapshot's crash points, reaching the test's hook
+    (which may kill or fail the operation under test). Installing a hook collects first."""
+    import gc
+
+    left = fleetclaims.Registry(tmp_path / "left")
+    left.claim("t", owner="a", ttl=600)  # unsettled: its close writes a checkpoint
+    cycle: list[object] = [left]
+    cycle.append(cycle)
+    del left, cycle
+    reached: list[str] = []
+    gc.disable()  # (so only the installing can collect it)
+    try:
+        faults.set_crash_hook(reached.append)
+        gc.collect()  # a collection during the test
+        assert reached == []
+    finally:
+        gc.enable()
+        faults.disarm()

@@ -372,6 +372,16 @@ def test_an_armed_fault_is_taken_only_by_the_thread_that_armed_it(tmp_path: Path
         os.close(fd)
 
 
+def _leave_as_garbage(directory: Path) -> None:
+    """A handle that wrote (unsettled: its close owes an fdatasync and a checkpoint), left
+    unreachable in a reference cycle, as a traceback holds one: only the garbage collector
+    finalizes it."""
+    left = fleetclaims.Registry(directory)
+    left.claim("t", owner="a", ttl=600)
+    cycle: list[object] = [left]
+    cycle.append(cycle)
+
+
 def test_an_armed_fault_is_not_taken_by_a_handle_left_as_garbage(tmp_path: Path) -> None:
     """A handle an earlier test left unreachable (held in a reference cycle, e.g. by a
     traceback) is finalized by the garbage collector on whatever thread allocates next: its
@@ -379,14 +389,10 @@ def test_an_armed_fault_is_not_taken_by_a_handle_left_as_garbage(tmp_path: Path)
     under test (the same CI flake, on the arming thread). Arming collects such garbage first."""
     import gc
 
-    left = fleetclaims.Registry(tmp_path / "left")
-    left.claim("t", owner="a", ttl=600)  # unsettled: its close owes an fdatasync
-    cycle: list[object] = [left]
-    cycle.append(cycle)
-    del left, cycle
+    reg = fleetclaims.Registry(tmp_path / "used")
     gc.disable()  # (so only the arming can collect it)
     try:
-        reg = fleetclaims.Registry(tmp_path / "used")
+        _leave_as_garbage(tmp_path / "left")
         reg.claim("warm", owner="a", ttl=600)
         faults.arm_os_fault("fdatasync", 1, OSError(errno.EIO, "injected"))
         gc.collect()  # a collection during the test: the old handle must not take the fault
@@ -395,6 +401,7 @@ def test_an_armed_fault_is_not_taken_by_a_handle_left_as_garbage(tmp_path: Path)
     finally:
         gc.enable()
         faults.disarm()
+        reg.close()
 
 
 def test_a_crash_hook_is_not_reached_by_a_handle_left_as_garbage(tmp_path: Path) -> None:
@@ -403,14 +410,10 @@ def test_a_crash_hook_is_not_reached_by_a_handle_left_as_garbage(tmp_path: Path)
     (which may kill or fail the operation under test). Installing a hook collects first."""
     import gc
 
-    left = fleetclaims.Registry(tmp_path / "left")
-    left.claim("t", owner="a", ttl=600)  # unsettled: its close writes a checkpoint
-    cycle: list[object] = [left]
-    cycle.append(cycle)
-    del left, cycle
     reached: list[str] = []
     gc.disable()  # (so only the installing can collect it)
     try:
+        _leave_as_garbage(tmp_path / "left")
         faults.set_crash_hook(reached.append)
         gc.collect()  # a collection during the test
         assert reached == []
